@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# Runs Apache Cassandra 5.0 from Maven Central artifacts on Java 17, on loopback, for tests and the demo.
+#
+#   scripts/cassandra.sh start [N]   start N nodes (1..3) on 127.0.0.1..127.0.0.N, or reuse running ones
+#   scripts/cassandra.sh stop        stop the nodes this script started
+#   scripts/cassandra.sh status      print which nodes answer CQL
+#   scripts/cassandra.sh nodetool I ARGS...   run nodetool against node I (JMX on 127.0.0.1:7199+I)
+#
+# Everything downloaded or generated lives under $CASSANDRA_MEMBERSHIP_HOME
+# (default ~/.cache/cassandra-membership), never in the repository.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+version=${CASSANDRA_VERSION:-5.0.8}
+home=${CASSANDRA_MEMBERSHIP_HOME:-$HOME/.cache/cassandra-membership}
+lib="$home/lib-$version"
+heap=${CASSANDRA_HEAP:-1G}
+start_timeout=${CASSANDRA_START_TIMEOUT:-240}
+
+log() { printf '[cassandra.sh] %s\n' "$*" >&2; }
+
+cql_up() { # $1 = address; true when something accepts TCP on :9042
+  (exec 3<>"/dev/tcp/$1/9042") 2>/dev/null
+}
+
+resolve() {
+  if [ -f "$lib/.complete" ]; then return; fi
+  command -v mvn >/dev/null || { log "mvn not found: install Maven (apt-get install maven)"; exit 1; }
+  log "resolving org.apache.cassandra:cassandra-all:$version and its runtime dependencies from Maven Central"
+  local t0=$SECONDS
+  rm -rf "$lib"
+  mvn -q -B -f "$here/cassandra/pom.xml" -Dcassandra.version="$version" \
+    dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$lib"
+  [ -f "$lib/cassandra-all-$version.jar" ] || { log "cassandra-all-$version.jar missing after resolution"; exit 1; }
+  touch "$lib/.complete"
+  log "resolved $(ls "$lib" | wc -l) jars in $((SECONDS - t0)) s"
+}
+
+java_opts() {
+  # From Cassandra 5.0's conf/jvm17-server.options: the JDK internals Cassandra reaches into.
+  cat <<'OPTS'
+-Djdk.attach.allowAttachSelf=true
+--add-exports=java.base/jdk.internal.misc=ALL-UNNAMED
+--add-exports=java.base/jdk.internal.ref=ALL-UNNAMED
+--add-exports=java.base/sun.nio.ch=ALL-UNNAMED
+--add-exports=java.management.rmi/com.sun.jmx.remote.internal.rmi=ALL-UNNAMED
+--add-exports=java.rmi/sun.rmi.registry=ALL-UNNAMED
+--add-exports=java.rmi/sun.rmi.server=ALL-UNNAMED
+--add-exports=java.sql/java.sql=ALL-UNNAMED
+--add-exports=java.base/java.lang.ref=ALL-UNNAMED
+--add-exports=jdk.unsupported/sun.misc=ALL-UNNAMED
+--add-opens=java.base/java.lang.module=ALL-UNNAMED
+--add-opens=java.base/jdk.internal.loader=ALL-UNNAMED
+--add-opens=java.base/jdk.internal.ref=ALL-UNNAMED
+--add-opens=java.base/jdk.internal.reflect=ALL-UNNAMED
+--add-opens=java.base/jdk.internal.math=ALL-UNNAMED
+--add-opens=java.base/jdk.internal.module=ALL-UNNAMED
+--add-opens=java.base/jdk.internal.util.jar=ALL-UNNAMED
+--add-opens=jdk.management/com.sun.management.internal=ALL-UNNAMED
+--add-opens=java.base/sun.nio.ch=ALL-UNNAMED
+--add-opens=java.base/java.io=ALL-UNNAMED
+--add-opens=java.base/java.nio=ALL-UNNAMED
+--add-opens=java.base/java.util.concurrent=ALL-UNNAMED
+--add-opens=java.base/java.util=ALL-UNNAMED
+--add-opens=java.base/java.util.concurrent.atomic=ALL-UNNAMED
+--add-opens=java.base/java.lang=ALL-UNNAMED
+--add-opens=java.base/java.math=ALL-UNNAMED
+--add-opens=java.base/java.lang.reflect=ALL-UNNAMED
+--add-opens=java.base/java.net=ALL-UNNAMED
+OPTS
+}
+
+write_config() { # $1 = node index, $2 = node count
+  local i=$1 n=$2 dir="$home/node$i" seeds token
+  seeds=$(seq -s, -f '127.0.0.%g' 1 "$n")
+  # Balanced single tokens, the way ccm lays out a local ring: k * (2^64 / n) - 2^63.
+  token=$(python3 -c "print(($i - 1) * (2**64 // $n) - 2**63)" 2>/dev/null || echo "")
+  mkdir -p "$dir/conf"
+  cat >"$dir/conf/cassandra.yaml" <<YAML
+cluster_name: cassandra-membership-test
+num_tokens: 1
+initial_token: $token
+allocate_tokens_for_local_replication_factor: 1
+auto_bootstrap: false
+partitioner: org.apache.cassandra.dht.Murmur3Partitioner
+endpoint_snitch: SimpleSnitch
+seed_provider:
+  - class_name: org.apache.cassandra.locator.SimpleSeedProvider
+    parameters:
+      - seeds: "$seeds"
+listen_address: 127.0.0.$i
+rpc_address: 127.0.0.$i
+storage_port: 7000
+native_transport_port: 9042
+start_native_transport: true
+data_file_directories: [$dir/data]
+commitlog_directory: $dir/commitlog
+saved_caches_directory: $dir/saved_caches
+hints_directory: $dir/hints
+cdc_raw_directory: $dir/cdc_raw
+commitlog_sync: periodic
+commitlog_sync_period: 10000ms
+authenticator: AllowAllAuthenticator
+authorizer: AllowAllAuthorizer
+auto_snapshot: false
+snapshot_before_compaction: false
+memtable_heap_space: 128MiB
+memtable_offheap_space: 128MiB
+concurrent_reads: 16
+concurrent_writes: 16
+concurrent_counter_writes: 4
+# Tests create and drop many tables; keep schema work quick on a small machine.
+column_index_size: 4KiB
+compaction_throughput: 0MiB/s
+disk_failure_policy: stop
+commit_failure_policy: stop
+YAML
+  cat >"$dir/conf/logback.xml" <<XML
+<configuration>
+  <appender name="FILE" class="ch.qos.logback.core.FileAppender">
+    <file>$dir/system.log</file>
+    <encoder><pattern>%-5level [%thread] %date{ISO8601} %F:%L - %msg%n</pattern></encoder>
+  </appender>
+  <root level="INFO"><appender-ref ref="FILE"/></root>
+  <logger name="org.apache.cassandra" level="INFO"/>
+</configuration>
+XML
+}
+
+start_node() { # $1 = node index, $2 = node count
+  local i=$1 n=$2 dir="$home/node$i"
+  if cql_up "127.0.0.$i"; then log "node $i already answers on 127.0.0.$i:9042; reusing it"; return; fi
+  rm -rf "$dir"
+  write_config "$i" "$n"
+  log "starting node $i on 127.0.0.$i (heap $heap)"
+  local opts
+  mapfile -t opts < <(java_opts)
+  # setsid: the node outlives the shell that started it; stop() ends it by pid.
+  setsid java -Xms"$heap" -Xmx"$heap" -XX:+UseG1GC -XX:+ExitOnOutOfMemoryError -Xss512k \
+    "${opts[@]}" \
+    -Dcassandra.config="file://$dir/conf/cassandra.yaml" \
+    -Dlogback.configurationFile="file://$dir/conf/logback.xml" \
+    -Dcassandra.storagedir="$dir" \
+    -Dcassandra-foreground=yes \
+    -Dcassandra.skip_wait_for_gossip_to_settle=0 \
+    -Dcassandra.ring_delay_ms=1000 \
+    -Dcassandra.jmx.local.port=$((7199 + i)) \
+    -Dcassandra.superuser_setup_delay_ms=0 \
+    -cp "$lib/*" org.apache.cassandra.service.CassandraDaemon \
+    >"$dir/stdout.log" 2>&1 </dev/null &
+  echo $! >"$dir/pid"
+  local t0=$SECONDS
+  until grep -q "Starting listening for CQL clients" "$dir/system.log" 2>/dev/null && cql_up "127.0.0.$i"; do
+    if ! kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
+      log "node $i exited during start-up; last lines of its logs:"
+      tail -n 30 "$dir/stdout.log" "$dir/system.log" >&2 2>/dev/null || true
+      exit 1
+    fi
+    if [ $((SECONDS - t0)) -ge "$start_timeout" ]; then
+      log "node $i did not answer CQL within ${start_timeout} s; last log lines:"
+      tail -n 30 "$dir/system.log" >&2 2>/dev/null || true
+      exit 1
+    fi
+    sleep 1
+  done
+  log "node $i answers CQL on 127.0.0.$i:9042 after $((SECONDS - t0)) s"
+}
+
+cmd=${1:-status}
+case "$cmd" in
+  start)
+    n=${2:-1}
+    [[ "$n" =~ ^[1-3]$ ]] || { log "node count must be 1, 2 or 3"; exit 2; }
+    if [ "$n" -gt 1 ] && ! (exec 3<>/dev/tcp/127.0.0.2/9) 2>/dev/null && ! ip addr show lo | grep -q 127.0.0.2; then
+      : # Linux routes all of 127.0.0.0/8 to lo; nothing to add.
+    fi
+    resolve
+    for i in $(seq 1 "$n"); do start_node "$i" "$n"; done
+    ;;
+  stop)
+    for pidfile in "$home"/node*/pid; do
+      [ -f "$pidfile" ] || continue
+      pid=$(cat "$pidfile")
+      if kill -0 "$pid" 2>/dev/null; then
+        log "stopping pid $pid ($(dirname "$pidfile"))"
+        kill "$pid"
+        for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+        kill -9 "$pid" 2>/dev/null || true
+      fi
+      rm -f "$pidfile"
+    done
+    ;;
+  status)
+    for i in 1 2 3; do
+      if cql_up "127.0.0.$i"; then echo "node $i: up (127.0.0.$i:9042)"; else echo "node $i: down"; fi
+    done
+    ;;
+  nodetool)
+    i=${2:?node index}; shift 2
+    resolve
+    exec java -cp "$lib/*" -Dlogback.configurationFile=/dev/null org.apache.cassandra.tools.NodeTool \
+      -h 127.0.0.1 -p $((7199 + i)) "$@"
+    ;;
+  *) log "usage: $0 start [N] | stop | status | nodetool I ARGS..."; exit 2 ;;
+esac

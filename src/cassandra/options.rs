@@ -1,0 +1,476 @@
+//! Provider options for the Cassandra membership table.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{MembershipError, Result};
+use crate::options::MembershipOptions;
+
+/// Cassandra's largest TTL (20 years).
+pub const MAX_TTL_SECONDS: u64 = 630_720_000;
+
+/// The last second a cell may expire at under Cassandra 4.x and 5.0's default
+/// `storage_compatibility_mode: CASSANDRA_4` (2038-01-19T03:14:06Z); writes past it are rejected.
+pub const EXPIRY_HORIZON_UNIX_SECONDS: i64 = 2_147_483_646;
+
+/// Which consistency levels the provider uses. Serial levels are never mixed on one partition.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConsistencyProfile {
+    /// `QUORUM` for reads and commits, `SERIAL` for conditional writes and linearizable reads:
+    /// linearizable across all data centres. The default.
+    #[default]
+    Quorum,
+    /// `LOCAL_QUORUM` and `LOCAL_SERIAL`: linearizable only among clients of one data centre
+    /// (use when every silo of a cluster lives in one DC, or to trade that guarantee for latency).
+    LocalQuorum,
+}
+
+/// What to do when the existing table's TTL settings or rows disagree with the configuration.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TtlMismatchPolicy {
+    /// Fail `initialize` with [`MembershipError::TtlMismatch`]. The default.
+    #[default]
+    Throw,
+    /// Leave the table and its rows as they are; new writes use the configured TTL; warn once.
+    Allow,
+    /// Alter the table default and rewrite every row to expire as if the configured TTL had
+    /// always applied.
+    Patch,
+}
+
+/// Username and password for the cluster. The password never appears in `Debug` output,
+/// logs or errors.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Credentials {
+    /// The role name.
+    pub username: String,
+    /// The password.
+    pub password: String,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+/// Options of [`crate::CassandraMembershipTable`].
+///
+/// Every field has a documented default; durations are human-readable (`"10s"`, `"7d"`).
+///
+/// ```
+/// use cassandra_membership::CassandraClusteringOptions;
+/// let o: CassandraClusteringOptions = toml::from_str(r#"
+///     contact_points = ["10.0.0.5:9042"]
+///     keyspace = "orleans"
+///     service_id = "shop"
+///     cluster_id = "blue"
+///     ttl = true
+///     [membership]
+///     defunct_silo_expiration = "2d"
+/// "#).unwrap();
+/// o.validate().unwrap();
+/// assert_eq!(o.ttl_seconds(), Some(2 * 24 * 3600));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct CassandraClusteringOptions {
+    /// `host:port` of one or more nodes. Default `["127.0.0.1:9042"]`. Ignored when the host
+    /// supplies its own session.
+    pub contact_points: Vec<String>,
+    /// The keyspace. Default `"orleans"`. Letters, digits and `_`, starting with a letter, at most 48.
+    pub keyspace: String,
+    /// Development only: create the keyspace if missing with this replication map, e.g.
+    /// `{ class = "SimpleStrategy", replication_factor = "1" }`. Default: none (the keyspace must exist).
+    pub create_keyspace_with_replication: Option<BTreeMap<String, String>>,
+    /// The table. Default `"membership"`. Same rules as `keyspace`.
+    pub table: String,
+    /// The Orleans ServiceId. Default `"default"`. Any non-empty text.
+    pub service_id: String,
+    /// The Orleans ClusterId. Default `"default"`. Any non-empty text.
+    pub cluster_id: String,
+    /// Consistency levels. Default [`ConsistencyProfile::Quorum`].
+    pub consistency: ConsistencyProfile,
+    /// Client-side timeout of each statement. Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Rows per page when reading a cluster. Default 1000.
+    pub page_size: u32,
+    /// Credentials; default none.
+    pub credentials: Option<Credentials>,
+    /// Storage-side expiry: entries and whole clusters expire after
+    /// `membership.defunct_silo_expiration` without heartbeats. Default false.
+    pub ttl: bool,
+    /// What `initialize` does when the table disagrees with `ttl`. Default `throw`.
+    pub ttl_mismatch: TtlMismatchPolicy,
+    /// How often a heartbeating silo renews its entry's TTL with a conditional write; also how
+    /// much later than the TTL an entry may outlive its last heartbeat. Default: a tenth of
+    /// the TTL, rounded up to whole seconds.
+    #[serde(with = "humantime_serde")]
+    pub ttl_renewal_interval: Option<Duration>,
+    /// The table's `gc_grace_seconds`, set when the provider creates the table. Default 3 h
+    /// (Cassandra's `max_hint_window`): see the README's "Tombstones" section.
+    #[serde(with = "humantime_serde")]
+    pub gc_grace: Duration,
+    /// Membership options the provider needs (DefunctSiloExpiration, publish period).
+    pub membership: MembershipOptions,
+}
+
+impl Default for CassandraClusteringOptions {
+    fn default() -> Self {
+        CassandraClusteringOptions {
+            contact_points: vec!["127.0.0.1:9042".into()],
+            keyspace: "orleans".into(),
+            create_keyspace_with_replication: None,
+            table: "membership".into(),
+            service_id: "default".into(),
+            cluster_id: "default".into(),
+            consistency: ConsistencyProfile::Quorum,
+            request_timeout: Duration::from_secs(10),
+            page_size: 1000,
+            credentials: None,
+            ttl: false,
+            ttl_mismatch: TtlMismatchPolicy::Throw,
+            ttl_renewal_interval: None,
+            gc_grace: Duration::from_secs(3 * 3600),
+            membership: MembershipOptions::default(),
+        }
+    }
+}
+
+/// How many heartbeat periods the TTL must at least span.
+const MIN_TTL_HEARTBEAT_PERIODS: u32 = 4;
+
+impl CassandraClusteringOptions {
+    /// Options for `cluster_id` of `service_id` in `keyspace`, everything else default.
+    pub fn new(keyspace: impl Into<String>, service_id: impl Into<String>, cluster_id: impl Into<String>) -> Self {
+        CassandraClusteringOptions {
+            keyspace: keyspace.into(),
+            service_id: service_id.into(),
+            cluster_id: cluster_id.into(),
+            ..Default::default()
+        }
+    }
+
+    /// Sets the contact points.
+    pub fn contact_points<S: Into<String>>(mut self, points: impl IntoIterator<Item = S>) -> Self {
+        self.contact_points = points.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets the table name.
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// Sets the cluster id.
+    pub fn cluster_id(mut self, cluster_id: impl Into<String>) -> Self {
+        self.cluster_id = cluster_id.into();
+        self
+    }
+
+    /// Development only: creates the keyspace if missing with `SimpleStrategy` and this factor.
+    pub fn create_keyspace_simple(mut self, replication_factor: u32) -> Self {
+        self.create_keyspace_with_replication = Some(BTreeMap::from([
+            ("class".to_owned(), "SimpleStrategy".to_owned()),
+            ("replication_factor".to_owned(), replication_factor.to_string()),
+        ]));
+        self
+    }
+
+    /// Sets the consistency profile.
+    pub fn consistency(mut self, profile: ConsistencyProfile) -> Self {
+        self.consistency = profile;
+        self
+    }
+
+    /// Sets the request timeout.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets the credentials.
+    pub fn credentials(mut self, username: impl Into<String>, password: impl Into<String>) -> Self {
+        self.credentials = Some(Credentials {
+            username: username.into(),
+            password: password.into(),
+        });
+        self
+    }
+
+    /// Turns storage-side expiry on or off.
+    pub fn ttl(mut self, enabled: bool) -> Self {
+        self.ttl = enabled;
+        self
+    }
+
+    /// Sets the TTL mismatch policy.
+    pub fn ttl_mismatch(mut self, policy: TtlMismatchPolicy) -> Self {
+        self.ttl_mismatch = policy;
+        self
+    }
+
+    /// Sets the membership options.
+    pub fn membership(mut self, membership: MembershipOptions) -> Self {
+        self.membership = membership;
+        self
+    }
+
+    /// Sets the page size.
+    pub fn page_size(mut self, rows: u32) -> Self {
+        self.page_size = rows;
+        self
+    }
+
+    /// The configured TTL in whole seconds (DefunctSiloExpiration rounded up), `None` when off.
+    pub fn ttl_seconds(&self) -> Option<u64> {
+        self.ttl.then(|| ceil_seconds(self.membership.defunct_silo_expiration))
+    }
+
+    /// The lease renewal interval in whole seconds (when expiry is on).
+    pub fn renewal_seconds(&self) -> u64 {
+        let ttl = ceil_seconds(self.membership.defunct_silo_expiration);
+        match self.ttl_renewal_interval {
+            Some(d) => ceil_seconds(d),
+            None => ttl.div_ceil(10).max(1),
+        }
+    }
+
+    /// The TTL every write carries: 0 when expiry is off; otherwise TTL + renewal interval + 1 s,
+    /// so that an entry never expires earlier than TTL after its last heartbeat (the extra second
+    /// covers Cassandra's whole-second expiry clock).
+    pub fn write_ttl_seconds(&self) -> u64 {
+        match self.ttl_seconds() {
+            Some(ttl) => ttl + self.renewal_seconds() + 1,
+            None => 0,
+        }
+    }
+
+    /// Checks every option; the error names the first one that is wrong. Runs before any
+    /// statement is sent.
+    pub fn validate(&self) -> Result<()> {
+        self.membership.validate()?;
+        validate_identifier("keyspace", &self.keyspace)?;
+        validate_identifier("table", &self.table)?;
+        validate_value("service_id", &self.service_id)?;
+        validate_value("cluster_id", &self.cluster_id)?;
+        if self.contact_points.is_empty() {
+            return Err(MembershipError::config("contact_points", "at least one node is needed"));
+        }
+        if let Some(p) = self.contact_points.iter().find(|p| p.trim().is_empty()) {
+            return Err(MembershipError::config("contact_points", format!("empty contact point {p:?}")));
+        }
+        if let Some(map) = &self.create_keyspace_with_replication {
+            if !map.contains_key("class") {
+                return Err(MembershipError::config(
+                    "create_keyspace_with_replication",
+                    "the map needs a \"class\"",
+                ));
+            }
+            for (k, v) in map {
+                let ok = |s: &str| {
+                    !s.is_empty() && s.len() <= 128 && s.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+                };
+                if !ok(k) || !ok(v) {
+                    return Err(MembershipError::config(
+                        "create_keyspace_with_replication",
+                        format!("{k:?} = {v:?}: keys and values may hold letters, digits, '.', '_' and '-' only"),
+                    ));
+                }
+            }
+        }
+        if self.request_timeout < Duration::from_millis(100) {
+            return Err(MembershipError::config("request_timeout", "must be at least 100ms"));
+        }
+        if self.page_size < 10 || self.page_size > 100_000 {
+            return Err(MembershipError::config("page_size", "must be between 10 and 100000"));
+        }
+        if let Some(c) = &self.credentials
+            && c.username.is_empty()
+        {
+            return Err(MembershipError::config("credentials.username", "must not be empty"));
+        }
+        let gc = self.gc_grace.as_secs();
+        if gc > i32::MAX as u64 {
+            return Err(MembershipError::config("gc_grace", "must fit Cassandra's gc_grace_seconds (int)"));
+        }
+        if let Some(ttl) = self.ttl_seconds() {
+            let period = self.membership.i_am_alive_table_publish_timeout;
+            if self.membership.defunct_silo_expiration < period * MIN_TTL_HEARTBEAT_PERIODS {
+                return Err(MembershipError::config(
+                    "membership.defunct_silo_expiration",
+                    format!(
+                        "with ttl on it is the TTL and must span at least {MIN_TTL_HEARTBEAT_PERIODS} heartbeat periods ({:?}); it is {:?}",
+                        period * MIN_TTL_HEARTBEAT_PERIODS,
+                        self.membership.defunct_silo_expiration
+                    ),
+                ));
+            }
+            let renewal = self.renewal_seconds();
+            if renewal == 0 || renewal * 2 > ttl.max(2) {
+                return Err(MembershipError::config(
+                    "ttl_renewal_interval",
+                    format!("must be between 1s and half the TTL ({ttl} s); it is {renewal} s"),
+                ));
+            }
+            let write_ttl = self.write_ttl_seconds();
+            if write_ttl > MAX_TTL_SECONDS {
+                return Err(MembershipError::config(
+                    "membership.defunct_silo_expiration",
+                    format!("TTL plus renewal interval is {write_ttl} s; Cassandra allows at most {MAX_TTL_SECONDS} s"),
+                ));
+            }
+            let now = crate::model::Timestamp::now().as_millis() / 1000;
+            if now.saturating_add(write_ttl as i64) > EXPIRY_HORIZON_UNIX_SECONDS {
+                return Err(MembershipError::config(
+                    "membership.defunct_silo_expiration",
+                    format!(
+                        "cells written now with a {write_ttl} s TTL would expire after 2038-01-19T03:14:06Z, which Cassandra rejects under its default storage_compatibility_mode"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn ceil_seconds(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// Keyspace and table names: what Cassandra accepts unquoted, so quoting never changes meaning.
+pub(crate) fn validate_identifier(option: &str, name: &str) -> Result<()> {
+    let mut chars = name.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic());
+    if !first_ok || name.len() > 48 || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(MembershipError::config(
+            option,
+            format!(
+                "{:?} is not a valid name: use 1 to 48 letters, digits or '_', starting with a letter",
+                name.chars().take(64).collect::<String>()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_value(option: &str, value: &str) -> Result<()> {
+    if value.is_empty() {
+        return Err(MembershipError::config(option, "must not be empty"));
+    }
+    if value.len() > 1024 {
+        return Err(MembershipError::config(option, "must be at most 1024 bytes"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn option_of(r: Result<()>) -> String {
+        match r {
+            Err(MembershipError::InvalidConfiguration { option, .. }) => option,
+            other => panic!("expected InvalidConfiguration, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_validate() {
+        CassandraClusteringOptions::default().validate().unwrap();
+        assert_eq!(CassandraClusteringOptions::default().write_ttl_seconds(), 0);
+    }
+
+    #[test]
+    fn identifiers_are_validated_before_anything_runs() {
+        for bad in ["", "1abc", "a-b", "a\"b", "a;drop", &"x".repeat(49), "ks.tbl"] {
+            let o = CassandraClusteringOptions::new(bad, "s", "c");
+            assert_eq!(option_of(o.validate()), "keyspace");
+            let o = CassandraClusteringOptions::new("ks", "s", "c").table(bad);
+            assert_eq!(option_of(o.validate()), "table");
+        }
+    }
+
+    #[test]
+    fn empty_ids_are_rejected() {
+        assert_eq!(option_of(CassandraClusteringOptions::new("ks", "", "c").validate()), "service_id");
+        assert_eq!(option_of(CassandraClusteringOptions::new("ks", "s", "").validate()), "cluster_id");
+    }
+
+    #[test]
+    fn ttl_is_defunct_expiration_rounded_up_plus_renewal() {
+        let mut o = CassandraClusteringOptions::new("ks", "s", "c").ttl(true);
+        o.membership.defunct_silo_expiration = Duration::from_millis(100_001);
+        o.membership.i_am_alive_table_publish_timeout = Duration::from_secs(1);
+        o.validate().unwrap();
+        assert_eq!(o.ttl_seconds(), Some(101));
+        assert_eq!(o.renewal_seconds(), 11);
+        assert_eq!(o.write_ttl_seconds(), 101 + 11 + 1);
+    }
+
+    #[test]
+    fn ttl_must_span_several_heartbeats() {
+        let mut o = CassandraClusteringOptions::new("ks", "s", "c").ttl(true);
+        o.membership.defunct_silo_expiration = Duration::from_secs(60);
+        assert_eq!(option_of(o.validate()), "membership.defunct_silo_expiration");
+        // The same expiration is fine when expiry is off.
+        o.ttl = false;
+        o.validate().unwrap();
+    }
+
+    #[test]
+    fn ttl_beyond_cassandra_limits_is_rejected() {
+        let mut o = CassandraClusteringOptions::new("ks", "s", "c").ttl(true);
+        o.membership.defunct_silo_expiration = Duration::from_secs(MAX_TTL_SECONDS);
+        assert_eq!(option_of(o.validate()), "membership.defunct_silo_expiration");
+        o.membership.defunct_silo_expiration = Duration::from_secs(15 * 365 * 24 * 3600);
+        assert_eq!(option_of(o.validate()), "membership.defunct_silo_expiration");
+    }
+
+    #[test]
+    fn renewal_interval_must_be_under_half_the_ttl() {
+        let mut o = CassandraClusteringOptions::new("ks", "s", "c").ttl(true);
+        o.ttl_renewal_interval = Some(Duration::from_secs(5 * 24 * 3600));
+        assert_eq!(option_of(o.validate()), "ttl_renewal_interval");
+    }
+
+    #[test]
+    fn password_never_in_debug() {
+        let o = CassandraClusteringOptions::default().credentials("app", "s3cr3t-pw");
+        assert!(!format!("{o:?}").contains("s3cr3t-pw"));
+        assert!(format!("{o:?}").contains("app"));
+    }
+
+    #[test]
+    fn replication_map_is_validated() {
+        let mut o = CassandraClusteringOptions::default().create_keyspace_simple(1);
+        o.validate().unwrap();
+        o.create_keyspace_with_replication
+            .as_mut()
+            .unwrap()
+            .insert("x'}".into(), "1".into());
+        assert_eq!(option_of(o.validate()), "create_keyspace_with_replication");
+    }
+
+    #[test]
+    fn human_readable_durations_deserialize() {
+        let o: CassandraClusteringOptions = toml::from_str(
+            "request_timeout = \"2s 500ms\"\nttl_mismatch = \"patch\"\nconsistency = \"local_quorum\"",
+        )
+        .unwrap();
+        assert_eq!(o.request_timeout, Duration::from_millis(2500));
+        assert_eq!(o.ttl_mismatch, TtlMismatchPolicy::Patch);
+        assert_eq!(o.consistency, ConsistencyProfile::LocalQuorum);
+    }
+}

@@ -1,0 +1,226 @@
+//! Decoding stored rows without trusting them: every column is read as optional and checked,
+//! so a row written by hand or by another program yields a reason, never a panic.
+
+use std::collections::HashMap;
+
+use scylla::DeserializeRow;
+use scylla::value::CqlTimestamp;
+use uuid::Uuid;
+
+use crate::error::{MembershipError, Result};
+use crate::model::{ETag, MembershipEntry, SiloAddress, SiloStatus, SuspectTime, TableVersion, Timestamp};
+
+/// `read_statics.cql`.
+#[derive(Debug, DeserializeRow)]
+pub(crate) struct StaticsRow {
+    pub(crate) version: Option<i64>,
+    pub(crate) version_etag: Option<Uuid>,
+    pub(crate) heartbeats: Option<HashMap<String, CqlTimestamp>>,
+}
+
+/// The entry columns, as `read_rows.cql` returns them (with the version tag of each row's partition).
+#[derive(Debug, DeserializeRow)]
+pub(crate) struct EntryRow {
+    pub(crate) silo: Option<String>,
+    pub(crate) version_etag: Option<Uuid>,
+    pub(crate) etag: Option<Uuid>,
+    pub(crate) status: Option<i32>,
+    pub(crate) suspect_times: Option<Vec<(Option<String>, Option<CqlTimestamp>)>>,
+    pub(crate) proxy_port: Option<i32>,
+    pub(crate) host_name: Option<String>,
+    pub(crate) silo_name: Option<String>,
+    pub(crate) role_name: Option<String>,
+    pub(crate) update_zone: Option<i32>,
+    pub(crate) fault_zone: Option<i32>,
+    pub(crate) start_time: Option<CqlTimestamp>,
+    pub(crate) i_am_alive: Option<CqlTimestamp>,
+}
+
+/// `read_row.cql`: one entry with the partition's version and the entry's heartbeat element.
+#[derive(Debug, DeserializeRow)]
+pub(crate) struct EntryWithStaticsRow {
+    pub(crate) silo: Option<String>,
+    pub(crate) version: Option<i64>,
+    pub(crate) version_etag: Option<Uuid>,
+    pub(crate) heartbeat: Option<CqlTimestamp>,
+    pub(crate) etag: Option<Uuid>,
+    pub(crate) status: Option<i32>,
+    pub(crate) suspect_times: Option<Vec<(Option<String>, Option<CqlTimestamp>)>>,
+    pub(crate) proxy_port: Option<i32>,
+    pub(crate) host_name: Option<String>,
+    pub(crate) silo_name: Option<String>,
+    pub(crate) role_name: Option<String>,
+    pub(crate) update_zone: Option<i32>,
+    pub(crate) fault_zone: Option<i32>,
+    pub(crate) start_time: Option<CqlTimestamp>,
+    pub(crate) i_am_alive: Option<CqlTimestamp>,
+}
+
+impl EntryWithStaticsRow {
+    pub(crate) fn split(self) -> (EntryRow, Option<i64>, Option<CqlTimestamp>) {
+        (
+            EntryRow {
+                silo: self.silo,
+                version_etag: self.version_etag,
+                etag: self.etag,
+                status: self.status,
+                suspect_times: self.suspect_times,
+                proxy_port: self.proxy_port,
+                host_name: self.host_name,
+                silo_name: self.silo_name,
+                role_name: self.role_name,
+                update_zone: self.update_zone,
+                fault_zone: self.fault_zone,
+                start_time: self.start_time,
+                i_am_alive: self.i_am_alive,
+            },
+            self.version,
+            self.heartbeat,
+        )
+    }
+}
+
+/// An entry as stored, before the heartbeat element is merged in.
+#[derive(Clone, Debug)]
+pub(crate) struct StoredEntry {
+    pub(crate) entry: MembershipEntry,
+    pub(crate) etag: Uuid,
+}
+
+/// The table version from its two static cells.
+pub(crate) fn decode_version(version: Option<i64>, etag: Option<Uuid>) -> Result<TableVersion> {
+    match (version, etag) {
+        (None, None) => Ok(TableVersion::absent()),
+        (Some(v), Some(e)) if v >= 0 => Ok(TableVersion {
+            version: v as u64,
+            etag: ETag::new(e.to_string()),
+        }),
+        (Some(v), Some(_)) => Err(MembershipError::corrupt(None, format!("the table version is negative ({v})"))),
+        (v, e) => Err(MembershipError::corrupt(
+            None,
+            format!("the table version is incomplete (version {v:?}, version_etag {e:?})"),
+        )),
+    }
+}
+
+fn required<T>(value: Option<T>, column: &str) -> std::result::Result<T, String> {
+    value.ok_or_else(|| format!("column {column} is null"))
+}
+
+fn text(value: Option<String>, column: &str) -> std::result::Result<String, String> {
+    required(value, column)
+}
+
+/// Decodes one entry row. `Err` carries the silo key (if readable) and what is wrong.
+pub(crate) fn decode_entry(row: EntryRow) -> std::result::Result<StoredEntry, (Option<String>, String)> {
+    let key = row.silo.clone();
+    let fail = |reason: String| (key.clone(), reason);
+    let silo = required(row.silo, "silo").map_err(fail)?;
+    let address: SiloAddress = silo
+        .parse()
+        .map_err(|e: MembershipError| fail(format!("the row key is not a silo address: {e}")))?;
+    let etag = required(row.etag, "etag").map_err(fail)?;
+    let code = required(row.status, "status").map_err(fail)?;
+    let status = SiloStatus::from_code(code).ok_or_else(|| fail(format!("unknown status number {code}")))?;
+    let suspect_times = required(row.suspect_times, "suspect_times")
+        .map_err(fail)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, (who, when))| {
+            let who = who.ok_or_else(|| format!("suspect_times[{i}] has no suspecting silo"))?;
+            let suspecting_silo = who
+                .parse()
+                .map_err(|e: MembershipError| format!("suspect_times[{i}]: {e}"))?;
+            let time = when.ok_or_else(|| format!("suspect_times[{i}] has no time"))?;
+            Ok(SuspectTime {
+                suspecting_silo,
+                time: Timestamp::from_millis(time.0),
+            })
+        })
+        .collect::<std::result::Result<Vec<_>, String>>()
+        .map_err(fail)?;
+    let port = required(row.proxy_port, "proxy_port").map_err(fail)?;
+    let proxy_port = u16::try_from(port).map_err(|_| fail(format!("proxy_port {port} is not a port number")))?;
+    let entry = MembershipEntry {
+        address,
+        status,
+        suspect_times,
+        proxy_port,
+        host_name: text(row.host_name, "host_name").map_err(fail)?,
+        silo_name: text(row.silo_name, "silo_name").map_err(fail)?,
+        role_name: text(row.role_name, "role_name").map_err(fail)?,
+        update_zone: required(row.update_zone, "update_zone").map_err(fail)?,
+        fault_zone: required(row.fault_zone, "fault_zone").map_err(fail)?,
+        start_time: Timestamp::from_millis(required(row.start_time, "start_time").map_err(fail)?.0),
+        i_am_alive_time: Timestamp::from_millis(required(row.i_am_alive, "i_am_alive").map_err(fail)?.0),
+    };
+    Ok(StoredEntry { entry, etag })
+}
+
+/// The I-am-alive time a read reports: the later of the entry's own and its heartbeat element.
+pub(crate) fn merge_heartbeat(mut entry: MembershipEntry, heartbeat: Option<CqlTimestamp>) -> MembershipEntry {
+    if let Some(h) = heartbeat {
+        entry.i_am_alive_time = entry.i_am_alive_time.max(Timestamp::from_millis(h.0));
+    }
+    entry
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good_row() -> EntryRow {
+        EntryRow {
+            silo: Some("127.0.0.1:1@1".into()),
+            version_etag: Some(Uuid::nil()),
+            etag: Some(Uuid::nil()),
+            status: Some(3),
+            suspect_times: Some(vec![(Some("127.0.0.1:2@2".into()), Some(CqlTimestamp(5)))]),
+            proxy_port: Some(30000),
+            host_name: Some("h".into()),
+            silo_name: Some("s".into()),
+            role_name: Some("r".into()),
+            update_zone: Some(1),
+            fault_zone: Some(2),
+            start_time: Some(CqlTimestamp(1)),
+            i_am_alive: Some(CqlTimestamp(2)),
+        }
+    }
+
+    #[test]
+    fn a_complete_row_decodes() {
+        let e = decode_entry(good_row()).unwrap();
+        assert_eq!(e.entry.status, SiloStatus::Active);
+        assert_eq!(e.entry.suspect_times.len(), 1);
+    }
+
+    #[test]
+    fn damaged_rows_give_reasons_not_panics() {
+        let cases: Vec<(Box<dyn Fn(&mut EntryRow)>, &str)> = vec![
+            (Box::new(|r| r.status = Some(42)), "unknown status"),
+            (Box::new(|r| r.status = None), "status is null"),
+            (Box::new(|r| r.silo = Some("garbage".into())), "not a silo address"),
+            (Box::new(|r| r.silo = None), "silo is null"),
+            (Box::new(|r| r.proxy_port = Some(-1)), "not a port"),
+            (Box::new(|r| r.start_time = None), "start_time is null"),
+            (Box::new(|r| r.suspect_times = Some(vec![(None, Some(CqlTimestamp(1)))])), "no suspecting silo"),
+            (Box::new(|r| r.suspect_times = Some(vec![(Some("x".into()), Some(CqlTimestamp(1)))])), "suspect_times[0]"),
+            (Box::new(|r| r.suspect_times = Some(vec![(Some("1.2.3.4:5@6".into()), None)])), "no time"),
+        ];
+        for (damage, expected) in cases {
+            let mut row = good_row();
+            damage(&mut row);
+            let (_, reason) = decode_entry(row).unwrap_err();
+            assert!(reason.contains(expected), "{reason:?} should mention {expected:?}");
+        }
+    }
+
+    #[test]
+    fn version_cells_must_agree() {
+        assert_eq!(decode_version(None, None).unwrap(), TableVersion::absent());
+        assert!(decode_version(Some(1), None).is_err());
+        assert!(decode_version(None, Some(Uuid::nil())).is_err());
+        assert!(decode_version(Some(-1), Some(Uuid::nil())).is_err());
+        assert_eq!(decode_version(Some(7), Some(Uuid::nil())).unwrap().version, 7);
+    }
+}

@@ -1,0 +1,179 @@
+//! The CQL in `cql/`, bound to one table and prepared once per table instance.
+
+use std::collections::BTreeMap;
+
+use scylla::client::session::Session;
+use scylla::statement::batch::{Batch, BatchType};
+use scylla::statement::prepared::PreparedStatement;
+use scylla::statement::{Consistency, SerialConsistency};
+
+use super::options::ConsistencyProfile;
+
+pub(crate) const CREATE_KEYSPACE: &str = include_str!("../../cql/create_keyspace.cql");
+pub(crate) const CREATE_TABLE: &str = include_str!("../../cql/create_table.cql");
+const INIT_VERSION: &str = include_str!("../../cql/init_version.cql");
+const READ_STATICS: &str = include_str!("../../cql/read_statics.cql");
+const READ_ROWS: &str = include_str!("../../cql/read_rows.cql");
+const READ_ROW: &str = include_str!("../../cql/read_row.cql");
+const INSERT_ENTRY: &str = include_str!("../../cql/insert_entry.cql");
+const UPDATE_ENTRY: &str = include_str!("../../cql/update_entry.cql");
+const WRITE_VERSION: &str = include_str!("../../cql/write_version.cql");
+const CLEAR_HEARTBEAT: &str = include_str!("../../cql/clear_heartbeat.cql");
+const HEARTBEAT: &str = include_str!("../../cql/heartbeat.cql");
+const DELETE_ENTRY: &str = include_str!("../../cql/delete_entry.cql");
+const DELETE_HEARTBEAT_BEFORE: &str = include_str!("../../cql/delete_heartbeat_before.cql");
+const DELETE_ROW: &str = include_str!("../../cql/delete_row.cql");
+const DELETE_STATICS: &str = include_str!("../../cql/delete_statics.cql");
+
+/// Double-quotes a name that `validate_identifier` accepted (so it holds no quote to escape).
+pub(crate) fn quote(name: &str) -> String {
+    format!("\"{name}\"")
+}
+
+/// `"keyspace"."table"`.
+pub(crate) fn qualified(keyspace: &str, table: &str) -> String {
+    format!("{}.{}", quote(keyspace), quote(table))
+}
+
+/// Substitutes the quoted table name into a statement file.
+pub(crate) fn bind_table(cql: &str, qualified_table: &str) -> String {
+    cql.replace("{table}", qualified_table)
+}
+
+/// The DDL creating the keyspace, from validated options.
+pub(crate) fn create_keyspace_cql(keyspace: &str, replication: &BTreeMap<String, String>) -> String {
+    // Keys and values were validated to letters, digits, '.', '_' and '-': no quote can occur.
+    let map = replication
+        .iter()
+        .map(|(k, v)| format!("'{k}': '{v}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    CREATE_KEYSPACE
+        .replace("{keyspace}", &quote(keyspace))
+        .replace("{replication}", &format!("{{{map}}}"))
+}
+
+/// The DDL creating the table, from validated options.
+pub(crate) fn create_table_cql(qualified_table: &str, default_ttl: u64, gc_grace_seconds: u64) -> String {
+    bind_table(CREATE_TABLE, qualified_table)
+        .replace("{default_time_to_live}", &default_ttl.to_string())
+        .replace("{gc_grace_seconds}", &gc_grace_seconds.to_string())
+}
+
+/// Every statement of the provider, prepared against one table.
+pub(crate) struct Statements {
+    pub(crate) init_version: PreparedStatement,
+    pub(crate) read_statics: PreparedStatement,
+    pub(crate) read_rows: PreparedStatement,
+    pub(crate) read_row: PreparedStatement,
+    /// The same reads at the commit level (not serial), for lease renewals that a CAS verifies.
+    pub(crate) read_row_quorum: PreparedStatement,
+    pub(crate) heartbeat: PreparedStatement,
+    pub(crate) delete_heartbeat_before: PreparedStatement,
+    pub(crate) delete_entry: PreparedStatement,
+    /// insert_entry + write_version + clear_heartbeat.
+    pub(crate) insert_batch: Batch,
+    /// update_entry + write_version (also the lease renewal).
+    pub(crate) update_batch: Batch,
+    pub(crate) delete_row: PreparedStatement,
+    pub(crate) delete_statics: PreparedStatement,
+    profile: ConsistencyProfile,
+}
+
+impl std::fmt::Debug for Statements {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Statements").field("profile", &self.profile).finish_non_exhaustive()
+    }
+}
+
+impl Statements {
+    pub(crate) async fn prepare(
+        session: &Session,
+        qualified_table: &str,
+        profile: ConsistencyProfile,
+        request_timeout: std::time::Duration,
+        page_size: u32,
+    ) -> Result<Statements, scylla::errors::PrepareError> {
+        let (commit, serial) = levels(profile);
+        let prep = |cql: &'static str, read_level: Consistency| {
+            let text = bind_table(cql, qualified_table);
+            async move {
+                let mut p = session.prepare(text).await?;
+                p.set_consistency(read_level);
+                p.set_serial_consistency(Some(serial));
+                p.set_request_timeout(Some(request_timeout));
+                // Conditional writes are never idempotent: a retry could apply twice.
+                p.set_is_idempotent(false);
+                Ok::<_, scylla::errors::PrepareError>(p)
+            }
+        };
+        let serial_read = match serial {
+            SerialConsistency::Serial => Consistency::Serial,
+            SerialConsistency::LocalSerial => Consistency::LocalSerial,
+        };
+        let mut read_rows = prep(READ_ROWS, serial_read).await?;
+        read_rows.set_page_size(i32::try_from(page_size).unwrap_or(i32::MAX));
+        let insert_entry = prep(INSERT_ENTRY, commit).await?;
+        let update_entry = prep(UPDATE_ENTRY, commit).await?;
+        let write_version = prep(WRITE_VERSION, commit).await?;
+        let clear_heartbeat = prep(CLEAR_HEARTBEAT, commit).await?;
+        let mut heartbeat = prep(HEARTBEAT, commit).await?;
+        // A heartbeat is a plain write with an explicit timestamp: repeating it is harmless.
+        heartbeat.set_is_idempotent(true);
+        let mut delete_heartbeat_before = prep(DELETE_HEARTBEAT_BEFORE, commit).await?;
+        delete_heartbeat_before.set_is_idempotent(true);
+        Ok(Statements {
+            init_version: prep(INIT_VERSION, commit).await?,
+            read_statics: idempotent(prep(READ_STATICS, serial_read).await?),
+            read_rows: idempotent(read_rows),
+            read_row: idempotent(prep(READ_ROW, serial_read).await?),
+            read_row_quorum: idempotent(prep(READ_ROW, commit).await?),
+            heartbeat,
+            delete_heartbeat_before,
+            delete_entry: prep(DELETE_ENTRY, commit).await?,
+            insert_batch: batch(profile, request_timeout, [&insert_entry, &write_version, &clear_heartbeat]),
+            update_batch: batch(profile, request_timeout, [&update_entry, &write_version]),
+            delete_row: prep(DELETE_ROW, commit).await?,
+            delete_statics: prep(DELETE_STATICS, commit).await?,
+            profile,
+        })
+    }
+
+    /// A conditional batch of the given statements at this table's levels.
+    pub(crate) fn batch_of<'a>(
+        &self,
+        statements: impl IntoIterator<Item = &'a PreparedStatement>,
+        request_timeout: std::time::Duration,
+    ) -> Batch {
+        batch(self.profile, request_timeout, statements)
+    }
+}
+
+fn idempotent(mut p: PreparedStatement) -> PreparedStatement {
+    p.set_is_idempotent(true);
+    p
+}
+
+fn levels(profile: ConsistencyProfile) -> (Consistency, SerialConsistency) {
+    match profile {
+        ConsistencyProfile::Quorum => (Consistency::Quorum, SerialConsistency::Serial),
+        ConsistencyProfile::LocalQuorum => (Consistency::LocalQuorum, SerialConsistency::LocalSerial),
+    }
+}
+
+fn batch<'a>(
+    profile: ConsistencyProfile,
+    request_timeout: std::time::Duration,
+    statements: impl IntoIterator<Item = &'a PreparedStatement>,
+) -> Batch {
+    let (commit, serial) = levels(profile);
+    let mut b = Batch::new(BatchType::Logged);
+    for s in statements {
+        b.append_statement(s.clone());
+    }
+    b.set_consistency(commit);
+    b.set_serial_consistency(Some(serial));
+    b.set_request_timeout(Some(request_timeout));
+    b.set_is_idempotent(false);
+    b
+}

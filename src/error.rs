@@ -1,0 +1,158 @@
+//! The one error type of this crate. Each variant's doc says whether the failed call changed state.
+
+use std::time::Duration;
+
+/// A boxed underlying error (driver or I/O), kept as the error's `source()`.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything that can go wrong, as variants a caller can act on.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MembershipError {
+    /// An option or argument is invalid. Nothing was sent to storage.
+    #[error("invalid configuration: {option}: {reason}")]
+    InvalidConfiguration {
+        /// The option's name, as in the options struct (e.g. `keyspace`).
+        option: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A silo address's text form could not be parsed. Nothing was sent to storage.
+    #[error("invalid silo address {text:?}: {reason}")]
+    InvalidSiloAddress {
+        /// The text (at most 128 characters of it).
+        text: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// Storage could not be reached or had too few replicas alive. The operation did not apply
+    /// (for a conditional write: it was not accepted by any replica quorum).
+    #[error("storage unavailable during {operation}")]
+    Unavailable {
+        /// The table operation.
+        operation: &'static str,
+        /// The driver's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// A read or a plain write timed out. A read changed nothing; a plain write (heartbeat) may
+    /// or may not have been stored and is safe to repeat.
+    #[error("{operation} timed out")]
+    Timeout {
+        /// The table operation.
+        operation: &'static str,
+        /// The driver's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// A conditional write's result is not known: it may have applied, or may still apply later.
+    /// Re-read the table before deciding anything; never assume it failed.
+    #[error("outcome of {operation} is unknown: {detail}")]
+    OutcomeUnknown {
+        /// The table operation.
+        operation: &'static str,
+        /// Why the outcome could not be resolved.
+        detail: String,
+        /// The driver's error that made it ambiguous.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The stored table does not have the shape this version of the library needs.
+    /// Nothing was written.
+    #[error("schema mismatch on {table}: {detail}")]
+    SchemaMismatch {
+        /// `keyspace.table`.
+        table: String,
+        /// What differs.
+        detail: String,
+    },
+
+    /// The existing table's expiry settings or rows disagree with the configured TTL, and the
+    /// mismatch policy is `throw`. Nothing was written.
+    #[error(
+        "TTL mismatch on {table}: the table's default_time_to_live is {table_ttl_seconds} s, the configured TTL is {configured_ttl_seconds} s, and {rows_disagreeing} row(s) carry other TTLs; ttl_mismatch = \"allow\" would keep the table and its rows as they are and write new data with the configured TTL; ttl_mismatch = \"patch\" would alter the table default and rewrite each row to expire as if the configured TTL had always applied"
+    )]
+    TtlMismatch {
+        /// `keyspace.table`.
+        table: String,
+        /// The table's `default_time_to_live`.
+        table_ttl_seconds: u64,
+        /// The configured TTL (0 when expiry is off).
+        configured_ttl_seconds: u64,
+        /// How many rows (of all clusters in the table) carry cells with other TTLs.
+        rows_disagreeing: u64,
+    },
+
+    /// Stored data could not be understood (a row written by hand or by another program).
+    /// Nothing was written.
+    #[error("corrupt stored data{}: {reason}", silo.as_deref().map(|s| format!(" for silo {s}")).unwrap_or_default())]
+    CorruptData {
+        /// The row's key, when the damage is in one row.
+        silo: Option<String>,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// Storage refused the request for another reason (permissions, invalid request, server
+    /// error). A conditional write that failed this way did not apply.
+    #[error("storage error during {operation}")]
+    Storage {
+        /// The table operation.
+        operation: &'static str,
+        /// The driver's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// A retry budget ran out while the table kept changing (e.g. a paged read saw the version
+    /// move on every attempt). Nothing was written.
+    #[error("{operation} gave up after {attempts} attempts over {elapsed:?} of concurrent changes")]
+    Contention {
+        /// The table operation.
+        operation: &'static str,
+        /// How many attempts were made.
+        attempts: u32,
+        /// How long they took.
+        elapsed: Duration,
+    },
+}
+
+impl MembershipError {
+    pub(crate) fn config(option: impl Into<String>, reason: impl Into<String>) -> Self {
+        MembershipError::InvalidConfiguration {
+            option: option.into(),
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn corrupt(silo: Option<&str>, reason: impl Into<String>) -> Self {
+        MembershipError::CorruptData {
+            silo: silo.map(|s| s.chars().take(128).collect()),
+            reason: reason.into(),
+        }
+    }
+
+    /// True when the caller must not assume the write failed: see [`MembershipError::OutcomeUnknown`].
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(self, MembershipError::OutcomeUnknown { .. })
+    }
+
+    /// True for failures that may go away by themselves (unavailable, timeout, contention).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            MembershipError::Unavailable { .. }
+                | MembershipError::Timeout { .. }
+                | MembershipError::OutcomeUnknown { .. }
+                | MembershipError::Contention { .. }
+        )
+    }
+}
+
+/// This crate's `Result`.
+pub type Result<T, E = MembershipError> = std::result::Result<T, E>;

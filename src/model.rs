@@ -1,0 +1,418 @@
+//! The membership model: silo addresses, statuses, entries, table versions and read snapshots,
+//! faithful to the Orleans membership protocol.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::MembershipError;
+
+/// A point in time, UTC, with millisecond precision (what Cassandra's `timestamp` stores).
+///
+/// ```
+/// use cassandra_membership::Timestamp;
+/// let t = Timestamp::from_millis(1_700_000_000_123);
+/// assert_eq!(t.to_string(), "2023-11-14T22:13:20.123Z");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Timestamp(i64);
+
+impl Timestamp {
+    /// The Unix epoch.
+    pub const EPOCH: Timestamp = Timestamp(0);
+
+    /// Milliseconds since the Unix epoch.
+    pub const fn from_millis(millis: i64) -> Self {
+        Timestamp(millis)
+    }
+
+    /// Milliseconds since the Unix epoch.
+    pub const fn as_millis(self) -> i64 {
+        self.0
+    }
+
+    /// The current wall-clock time, truncated to milliseconds.
+    pub fn now() -> Self {
+        Self::from_system_time(SystemTime::now())
+    }
+
+    /// Converts a `SystemTime`, truncating to milliseconds (saturating far outside ±292 million years).
+    pub fn from_system_time(t: SystemTime) -> Self {
+        match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => Timestamp(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+            Err(e) => {
+                // Round towards the past so that truncation never moves a time forward.
+                let d = e.duration();
+                let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+                let extra = i64::from(d.subsec_nanos() % 1_000_000 != 0);
+                Timestamp(ms.saturating_neg().saturating_sub(extra))
+            }
+        }
+    }
+
+    /// Converts to a `SystemTime`.
+    pub fn to_system_time(self) -> SystemTime {
+        if self.0 >= 0 {
+            UNIX_EPOCH + Duration::from_millis(self.0.unsigned_abs())
+        } else {
+            UNIX_EPOCH - Duration::from_millis(self.0.unsigned_abs())
+        }
+    }
+
+    /// This time plus `d` (saturating), truncated to milliseconds.
+    pub fn saturating_add(self, d: Duration) -> Self {
+        Timestamp(self.0.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
+    }
+
+    /// This time minus `d` (saturating), truncated to milliseconds.
+    pub fn saturating_sub(self, d: Duration) -> Self {
+        Timestamp(self.0.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
+    }
+
+    /// How long from `earlier` to `self`; zero if `earlier` is later.
+    pub fn duration_since(self, earlier: Timestamp) -> Duration {
+        Duration::from_millis(u64::try_from(self.0.saturating_sub(earlier.0)).unwrap_or(0))
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0 >= 0 {
+            write!(f, "{}", humantime::format_rfc3339_millis(self.to_system_time()))
+        } else {
+            write!(f, "{}ms before the epoch", self.0.unsigned_abs())
+        }
+    }
+}
+
+/// The identity of one silo incarnation: its socket address and its generation.
+///
+/// The text form is stable and parseable: `ip:port@generation`, IPv6 addresses in brackets.
+///
+/// ```
+/// use cassandra_membership::SiloAddress;
+/// let a: SiloAddress = "10.0.0.7:11111@385939200".parse()?;
+/// assert_eq!(a.generation(), 385939200);
+/// assert_eq!(a.to_string(), "10.0.0.7:11111@385939200");
+/// let v6: SiloAddress = "[::1]:11111@1".parse()?;
+/// assert_eq!(v6.to_string(), "[::1]:11111@1");
+/// # Ok::<(), cassandra_membership::MembershipError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SiloAddress {
+    endpoint: SocketAddr,
+    generation: i32,
+}
+
+impl SiloAddress {
+    /// A silo address from its endpoint and generation.
+    pub const fn new(endpoint: SocketAddr, generation: i32) -> Self {
+        SiloAddress {
+            endpoint,
+            generation,
+        }
+    }
+
+    /// The silo's socket address.
+    pub const fn endpoint(&self) -> SocketAddr {
+        self.endpoint
+    }
+
+    /// The generation that tells incarnations at the same endpoint apart.
+    pub const fn generation(&self) -> i32 {
+        self.generation
+    }
+}
+
+impl fmt::Display for SiloAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.endpoint, self.generation)
+    }
+}
+
+impl FromStr for SiloAddress {
+    type Err = MembershipError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let invalid = |reason: &str| MembershipError::InvalidSiloAddress {
+            text: s.chars().take(128).collect(),
+            reason: reason.to_owned(),
+        };
+        let (endpoint, generation) = s
+            .rsplit_once('@')
+            .ok_or_else(|| invalid("expected ip:port@generation"))?;
+        let endpoint: SocketAddr = endpoint
+            .parse()
+            .map_err(|_| invalid("the endpoint is not ip:port"))?;
+        let generation: i32 = generation
+            .parse()
+            .map_err(|_| invalid("the generation is not a 32-bit integer"))?;
+        Ok(SiloAddress::new(endpoint, generation))
+    }
+}
+
+impl Serialize for SiloAddress {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for SiloAddress {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(deserializer)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A silo's status in the membership protocol. The numbers are Orleans' own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum SiloStatus {
+    /// No status (never stored by the protocol itself).
+    None = 0,
+    /// Created, not yet joining.
+    Created = 1,
+    /// Joining the cluster.
+    Joining = 2,
+    /// A full member.
+    Active = 3,
+    /// Leaving gracefully.
+    ShuttingDown = 4,
+    /// Stopping.
+    Stopping = 5,
+    /// Dead: declared by others or after a graceful leave. Never revives.
+    Dead = 6,
+}
+
+impl SiloStatus {
+    /// Every status, in protocol order.
+    pub const ALL: [SiloStatus; 7] = [
+        SiloStatus::None,
+        SiloStatus::Created,
+        SiloStatus::Joining,
+        SiloStatus::Active,
+        SiloStatus::ShuttingDown,
+        SiloStatus::Stopping,
+        SiloStatus::Dead,
+    ];
+
+    /// The stored number.
+    pub const fn code(self) -> i32 {
+        self as i32
+    }
+
+    /// The status a stored number means, if any.
+    pub fn from_code(code: i32) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.code() == code)
+    }
+}
+
+/// One suspicion: which silo suspected this one, and when.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SuspectTime {
+    /// The silo that voted.
+    pub suspecting_silo: SiloAddress,
+    /// When it voted.
+    pub time: Timestamp,
+}
+
+/// One row of the membership table: everything the protocol knows about a silo incarnation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MembershipEntry {
+    /// The silo incarnation this row describes (the row's key).
+    pub address: SiloAddress,
+    /// Its status.
+    pub status: SiloStatus,
+    /// Suspicions raised against it, oldest first.
+    pub suspect_times: Vec<SuspectTime>,
+    /// The gateway (proxy) port; 0 when the silo has none.
+    pub proxy_port: u16,
+    /// The host's name.
+    pub host_name: String,
+    /// The silo's name.
+    pub silo_name: String,
+    /// The silo's role name.
+    pub role_name: String,
+    /// Update zone.
+    pub update_zone: i32,
+    /// Fault zone.
+    pub fault_zone: i32,
+    /// When the silo started.
+    pub start_time: Timestamp,
+    /// The last "I am alive" time the silo published.
+    pub i_am_alive_time: Timestamp,
+}
+
+impl MembershipEntry {
+    /// A new entry with the given status; names empty, zones 0, both times `now`.
+    pub fn new(address: SiloAddress, status: SiloStatus, now: Timestamp) -> Self {
+        MembershipEntry {
+            address,
+            status,
+            suspect_times: Vec::new(),
+            proxy_port: 0,
+            host_name: String::new(),
+            silo_name: String::new(),
+            role_name: String::new(),
+            update_zone: 0,
+            fault_zone: 0,
+            start_time: now,
+            i_am_alive_time: now,
+        }
+    }
+
+    /// The latest sign of life the table holds for this entry: the latest of its start time,
+    /// its I-am-alive time and its latest suspicion. Defunct cleanup compares this with its cutoff.
+    pub fn last_activity(&self) -> Timestamp {
+        self.suspect_times
+            .iter()
+            .map(|s| s.time)
+            .fold(self.start_time.max(self.i_am_alive_time), Timestamp::max)
+    }
+}
+
+/// An opaque version tag. Each write of a row or of the table version gets a new one,
+/// so that a writer can say "only if nothing changed since I read".
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ETag(String);
+
+impl ETag {
+    /// The tag of a table version that was never written (before `initialize`, or after the
+    /// cluster's data was deleted or expired).
+    pub fn absent() -> Self {
+        ETag(String::new())
+    }
+
+    /// A fresh, random tag.
+    pub fn random() -> Self {
+        ETag(uuid::Uuid::new_v4().to_string())
+    }
+
+    /// Wraps a stored tag.
+    pub fn new(tag: impl Into<String>) -> Self {
+        ETag(tag.into())
+    }
+
+    /// True for [`ETag::absent`].
+    pub fn is_absent(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The tag's text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ETag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_empty() { "<absent>" } else { &self.0 })
+    }
+}
+
+/// The table version: a number the protocol increments on every membership change, and the
+/// tag of the write that set it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TableVersion {
+    /// The version number.
+    pub version: u64,
+    /// The tag of the write that produced this version.
+    pub etag: ETag,
+}
+
+impl TableVersion {
+    /// The version a cluster without any stored version reads as.
+    pub fn absent() -> Self {
+        TableVersion {
+            version: 0,
+            etag: ETag::absent(),
+        }
+    }
+
+    /// What a writer passes to move the table on from this version: the next number, and this
+    /// version's tag as the condition.
+    pub fn next(&self) -> TableVersion {
+        TableVersion {
+            version: self.version.saturating_add(1),
+            etag: self.etag.clone(),
+        }
+    }
+}
+
+/// One entry as read, with its row tag.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MembershipRow {
+    /// The entry.
+    pub entry: MembershipEntry,
+    /// Its row tag, for [`crate::MembershipTable::update_row`].
+    pub etag: ETag,
+}
+
+/// What a read returns: entries and the table version, read as one consistent view.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MembershipSnapshot {
+    /// The entries, ordered by silo address.
+    pub rows: Vec<MembershipRow>,
+    /// The table version the entries belong to.
+    pub version: TableVersion,
+}
+
+impl MembershipSnapshot {
+    /// The row for `address`, if the snapshot holds it.
+    pub fn get(&self, address: &SiloAddress) -> Option<&MembershipRow> {
+        self.rows.iter().find(|r| &r.entry.address == address)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn silo_address_text_round_trips() {
+        for text in ["127.0.0.1:11111@0", "[::1]:1@-5", "10.1.2.3:65535@2147483647"] {
+            let a: SiloAddress = text.parse().unwrap();
+            assert_eq!(a.to_string(), text);
+        }
+    }
+
+    #[test]
+    fn silo_address_rejects_malformed_text() {
+        for text in ["", "127.0.0.1:1", "127.0.0.1@1", "x:1@1", "127.0.0.1:1@x", "1.2.3.4:99999@1"] {
+            assert!(matches!(
+                text.parse::<SiloAddress>(),
+                Err(MembershipError::InvalidSiloAddress { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn status_codes_match_orleans() {
+        assert_eq!(SiloStatus::from_code(3), Some(SiloStatus::Active));
+        assert_eq!(SiloStatus::from_code(6), Some(SiloStatus::Dead));
+        assert_eq!(SiloStatus::from_code(7), None);
+        assert_eq!(SiloStatus::from_code(-1), None);
+    }
+
+    #[test]
+    fn last_activity_takes_latest_suspicion() {
+        let a: SiloAddress = "127.0.0.1:1@1".parse().unwrap();
+        let mut e = MembershipEntry::new(a, SiloStatus::Joining, Timestamp::from_millis(10));
+        assert_eq!(e.last_activity(), Timestamp::from_millis(10));
+        e.suspect_times.push(SuspectTime {
+            suspecting_silo: a,
+            time: Timestamp::from_millis(50),
+        });
+        assert_eq!(e.last_activity(), Timestamp::from_millis(50));
+    }
+
+    #[test]
+    fn timestamps_before_epoch_truncate_towards_the_past() {
+        let t = UNIX_EPOCH - Duration::from_micros(1500);
+        assert_eq!(Timestamp::from_system_time(t).as_millis(), -2);
+    }
+}

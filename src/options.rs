@@ -1,0 +1,117 @@
+//! Membership options shared by every backend and by the host runtime, with Orleans' names
+//! and defaults (`ClusterMembershipOptions`).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{MembershipError, Result};
+
+/// Orleans' cluster membership options that this crate uses.
+///
+/// Durations are human-readable in serialized form (`"30s"`, `"7d"`, `"1h 30m"`).
+///
+/// ```
+/// use cassandra_membership::MembershipOptions;
+/// let o: MembershipOptions = toml::from_str(r#"
+///     i_am_alive_table_publish_timeout = "10s"
+///     defunct_silo_expiration = "2d"
+/// "#).unwrap();
+/// assert_eq!(o.num_missed_table_i_am_alive_limit, 3);
+/// assert_eq!(o.defunct_silo_expiration.as_secs(), 2 * 24 * 3600);
+/// o.validate().unwrap();
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct MembershipOptions {
+    /// How often a silo publishes its I-am-alive time. Default 30 s.
+    #[serde(with = "humantime_serde")]
+    pub i_am_alive_table_publish_timeout: Duration,
+    /// How many missed I-am-alive periods make other silos suspect a silo. Default 3.
+    pub num_missed_table_i_am_alive_limit: u32,
+    /// How long after its last sign of life a non-Active entry is defunct; also the TTL when
+    /// storage-side expiry is on. Default 7 days.
+    #[serde(with = "humantime_serde")]
+    pub defunct_silo_expiration: Duration,
+    /// How often a live silo removes defunct entries; `None` disables it. Default 1 h.
+    #[serde(with = "humantime_serde")]
+    pub defunct_silo_cleanup_period: Option<Duration>,
+    /// The largest random delay added to each cleanup period. Default 5 min.
+    #[serde(with = "humantime_serde")]
+    pub defunct_silo_cleanup_jitter: Duration,
+    /// The largest random fraction of the publish period added to or taken from each heartbeat
+    /// interval, in percent. Default 10.
+    pub i_am_alive_jitter_percent: u8,
+}
+
+impl Default for MembershipOptions {
+    fn default() -> Self {
+        MembershipOptions {
+            i_am_alive_table_publish_timeout: Duration::from_secs(30),
+            num_missed_table_i_am_alive_limit: 3,
+            defunct_silo_expiration: Duration::from_secs(7 * 24 * 3600),
+            defunct_silo_cleanup_period: Some(Duration::from_secs(3600)),
+            defunct_silo_cleanup_jitter: Duration::from_secs(300),
+            i_am_alive_jitter_percent: 10,
+        }
+    }
+}
+
+impl MembershipOptions {
+    /// Checks every option; the error names the first one that is wrong.
+    pub fn validate(&self) -> Result<()> {
+        if self.i_am_alive_table_publish_timeout < Duration::from_millis(10) {
+            return Err(MembershipError::config(
+                "i_am_alive_table_publish_timeout",
+                "must be at least 10ms",
+            ));
+        }
+        if self.num_missed_table_i_am_alive_limit == 0 {
+            return Err(MembershipError::config("num_missed_table_i_am_alive_limit", "must be at least 1"));
+        }
+        if self.defunct_silo_expiration < Duration::from_secs(1) {
+            return Err(MembershipError::config("defunct_silo_expiration", "must be at least 1s"));
+        }
+        if self.defunct_silo_cleanup_period.is_some_and(|p| p < Duration::from_secs(1)) {
+            return Err(MembershipError::config("defunct_silo_cleanup_period", "must be at least 1s or absent"));
+        }
+        if self.i_am_alive_jitter_percent > 50 {
+            return Err(MembershipError::config("i_am_alive_jitter_percent", "must be at most 50"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_orleans_defaults_and_valid() {
+        let o = MembershipOptions::default();
+        assert_eq!(o.i_am_alive_table_publish_timeout, Duration::from_secs(30));
+        assert_eq!(o.defunct_silo_expiration, Duration::from_secs(604_800));
+        assert_eq!(o.defunct_silo_cleanup_period, Some(Duration::from_secs(3600)));
+        o.validate().unwrap();
+    }
+
+    #[test]
+    fn validation_names_the_option() {
+        let o = MembershipOptions {
+            num_missed_table_i_am_alive_limit: 0,
+            ..Default::default()
+        };
+        match o.validate() {
+            Err(MembershipError::InvalidConfiguration { option, .. }) => {
+                assert_eq!(option, "num_missed_table_i_am_alive_limit")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        assert!(toml::from_str::<MembershipOptions>("defunct_silo_expiry = \"1d\"").is_err());
+    }
+}

@@ -1,0 +1,138 @@
+//! The contract every membership table backend implements.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::model::{ETag, MembershipEntry, MembershipSnapshot, SiloAddress, TableVersion, Timestamp};
+
+/// How long a silo's entry is guaranteed to live and when it should be refreshed — the
+/// equivalent of a resolver's registration lifetime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// When the lease was granted (the writer's clock, taken before the write was sent).
+    pub granted_at: Timestamp,
+    /// Until when storage keeps the entry if nothing refreshes it; `None` without expiry.
+    pub expires_at: Option<Timestamp>,
+    /// The time by which the next refresh should have succeeded, leaving a margin under
+    /// `expires_at` for latency and clock skew; `None` without expiry.
+    pub refresh_by: Option<Timestamp>,
+}
+
+impl Lease {
+    /// A lease that never expires (storage-side expiry off).
+    pub fn unbounded(granted_at: Timestamp) -> Self {
+        Lease {
+            granted_at,
+            expires_at: None,
+            refresh_by: None,
+        }
+    }
+
+    /// How long until `refresh_by`, from `now`; `None` when unbounded.
+    pub fn headroom(&self, now: Timestamp) -> Option<Duration> {
+        self.refresh_by.map(|r| r.duration_since(now))
+    }
+}
+
+/// What [`MembershipTable::update_i_am_alive`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeartbeatOutcome {
+    /// The time was written; the entry exists as far as the table knows.
+    Refreshed {
+        /// How long the entry now lives.
+        lease: Lease,
+    },
+    /// The time was written, but the entry's status is Dead: other silos declared this silo
+    /// dead (or it left). A silo that sees this must stop.
+    DeclaredDead {
+        /// How long the entry now lives.
+        lease: Lease,
+    },
+    /// There is no entry for this silo (never inserted, cleaned up, deleted or expired).
+    /// Nothing was written: a heartbeat never re-creates an entry.
+    NotFound,
+}
+
+/// What a backend's storage-side expiry does, so the host can switch its own periodic
+/// defunct cleanup off when storage already covers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StorageExpiry {
+    /// The configured time to live of entries (DefunctSiloExpiration), `None` when expiry is off.
+    pub ttl: Option<Duration>,
+    /// How much later than `ttl` after its last heartbeat an entry may still be stored
+    /// (its lease renewal interval). Entries never expire earlier than `ttl`.
+    pub slack: Duration,
+    /// True when storage removes defunct entries by itself, so periodic
+    /// [`MembershipTable::cleanup_defunct`] calls are redundant (they keep working).
+    pub covers_defunct_cleanup: bool,
+}
+
+impl StorageExpiry {
+    /// No storage-side expiry.
+    pub const OFF: StorageExpiry = StorageExpiry {
+        ttl: None,
+        slack: Duration::ZERO,
+        covers_defunct_cleanup: false,
+    };
+}
+
+/// A cluster's membership table: the Orleans `IMembershipTable` contract.
+///
+/// A table value is bound to one cluster (its service id and cluster id). All writes that
+/// change membership are conditional and atomic with the table version; see each method.
+/// Usable as `Arc<dyn MembershipTable>`.
+#[async_trait]
+pub trait MembershipTable: Send + Sync + Debug {
+    /// The cluster this table value reads and writes.
+    fn cluster_id(&self) -> &str;
+
+    /// What storage-side expiry this table applies.
+    fn storage_expiry(&self) -> StorageExpiry {
+        StorageExpiry::OFF
+    }
+
+    /// Creates whatever is missing (schema; with `try_init_version`, the table version 0).
+    /// Idempotent; many silos may call it at once.
+    async fn initialize(&self, try_init_version: bool) -> Result<()>;
+
+    /// Every entry of the cluster and the table version, as one consistent view.
+    async fn read_all(&self) -> Result<MembershipSnapshot>;
+
+    /// The entry of `address` (if any) and the table version, as one consistent view.
+    async fn read_row(&self, address: &SiloAddress) -> Result<MembershipSnapshot>;
+
+    /// Adds `entry` and moves the table to `new_version.version`, atomically.
+    ///
+    /// Returns `false`, with no side effect, if a row for the address exists or
+    /// `new_version.etag` is not the table's current version tag.
+    async fn insert_row(&self, entry: &MembershipEntry, new_version: &TableVersion) -> Result<bool>;
+
+    /// Replaces the whole entry and moves the table to `new_version.version`, atomically.
+    ///
+    /// Returns `false`, with no side effect, if the row is missing, `row_etag` is not its current
+    /// tag, or `new_version.etag` is not the table's current version tag.
+    async fn update_row(
+        &self,
+        entry: &MembershipEntry,
+        row_etag: &ETag,
+        new_version: &TableVersion,
+    ) -> Result<bool>;
+
+    /// Publishes the silo's I-am-alive time. Changes neither the table version nor the row tag,
+    /// and never re-creates a missing entry.
+    ///
+    /// The stored I-am-alive time only moves forward: a read returns the latest time written by
+    /// this call or by `insert_row`/`update_row` since the row was inserted.
+    async fn update_i_am_alive(&self, address: &SiloAddress, time: Timestamp) -> Result<HeartbeatOutcome>;
+
+    /// Deletes every entry that is not Active and whose [`MembershipEntry::last_activity`] is
+    /// older than `before`. Does not change the table version. Returns how many it removed.
+    async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize>;
+
+    /// Removes all data of cluster `cluster_id` (of this table's service) and nothing of any
+    /// other cluster. The cluster can be used again after [`MembershipTable::initialize`].
+    async fn delete_cluster(&self, cluster_id: &str) -> Result<()>;
+}
