@@ -39,14 +39,14 @@ mod table;
 pub mod conformance;
 
 pub use cassandra::{
-    CassandraClusteringOptions, CassandraMembershipTable, ConsistencyProfile, Credentials, StatementCounts,
-    TtlMismatchPolicy, EXPIRY_HORIZON_UNIX_SECONDS, MAX_TTL_SECONDS,
+    CassandraClusteringOptions, CassandraMembershipTable, ConsistencyProfile, Credentials,
+    EXPIRY_HORIZON_UNIX_SECONDS, MAX_TTL_SECONDS, StatementCounts, TtlMismatchPolicy,
 };
-pub use options::MembershipOptions;
 pub use error::{BoxError, MembershipError, Result};
 pub use memory::InMemoryMembershipTable;
 pub use model::{
-    ETag, MembershipEntry, MembershipRow, MembershipSnapshot, SiloAddress, SiloStatus, SuspectTime, TableVersion,
-    Timestamp,
+    ETag, MembershipEntry, MembershipRow, MembershipSnapshot, SiloAddress, SiloStatus, SuspectTime,
+    TableVersion, Timestamp,
 };
+pub use options::MembershipOptions;
 pub use table::{HeartbeatOutcome, Lease, MembershipTable, StorageExpiry};

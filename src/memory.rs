@@ -9,8 +9,8 @@ use tracing::instrument;
 
 use crate::error::{MembershipError, Result};
 use crate::model::{
-    ETag, MembershipEntry, MembershipRow, MembershipSnapshot, SiloAddress, SiloStatus, TableVersion,
-    Timestamp,
+    ETag, MembershipEntry, MembershipRow, MembershipSnapshot, SiloAddress, SiloStatus,
+    TableVersion, Timestamp,
 };
 use crate::table::{HeartbeatOutcome, Lease, MembershipTable};
 
@@ -114,7 +114,10 @@ impl InMemoryMembershipTable {
 
     fn with_cluster<T>(&self, f: impl FnOnce(&mut Cluster) -> T) -> T {
         let mut store = self.lock();
-        let cluster = store.clusters.entry(self.cluster_id.to_string()).or_default();
+        let cluster = store
+            .clusters
+            .entry(self.cluster_id.to_string())
+            .or_default();
         f(cluster)
     }
 }
@@ -146,13 +149,22 @@ impl MembershipTable for InMemoryMembershipTable {
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, silo = %address))]
     async fn read_row(&self, address: &SiloAddress) -> Result<MembershipSnapshot> {
         Ok(self.with_cluster(|c| MembershipSnapshot {
-            rows: c.rows.get(address).map(StoredRow::read).into_iter().collect(),
+            rows: c
+                .rows
+                .get(address)
+                .map(StoredRow::read)
+                .into_iter()
+                .collect(),
             version: c.version(),
         }))
     }
 
     #[instrument(level = "debug", skip(self, entry), fields(cluster = %self.cluster_id, silo = %entry.address, version = new_version.version))]
-    async fn insert_row(&self, entry: &MembershipEntry, new_version: &TableVersion) -> Result<bool> {
+    async fn insert_row(
+        &self,
+        entry: &MembershipEntry,
+        new_version: &TableVersion,
+    ) -> Result<bool> {
         Ok(self.with_cluster(|c| {
             if c.rows.contains_key(&entry.address) || !c.version_matches(&new_version.etag) {
                 return false;
@@ -192,7 +204,11 @@ impl MembershipTable for InMemoryMembershipTable {
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, silo = %address))]
-    async fn update_i_am_alive(&self, address: &SiloAddress, time: Timestamp) -> Result<HeartbeatOutcome> {
+    async fn update_i_am_alive(
+        &self,
+        address: &SiloAddress,
+        time: Timestamp,
+    ) -> Result<HeartbeatOutcome> {
         let now = Timestamp::now();
         Ok(self.with_cluster(|c| match c.rows.get_mut(address) {
             None => HeartbeatOutcome::NotFound,

@@ -65,12 +65,18 @@ impl Timestamp {
 
     /// This time plus `d` (saturating), truncated to milliseconds.
     pub fn saturating_add(self, d: Duration) -> Self {
-        Timestamp(self.0.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
+        Timestamp(
+            self.0
+                .saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        )
     }
 
     /// This time minus `d` (saturating), truncated to milliseconds.
     pub fn saturating_sub(self, d: Duration) -> Self {
-        Timestamp(self.0.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
+        Timestamp(
+            self.0
+                .saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        )
     }
 
     /// How long from `earlier` to `self`; zero if `earlier` is later.
@@ -82,7 +88,11 @@ impl Timestamp {
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.0 >= 0 {
-            write!(f, "{}", humantime::format_rfc3339_millis(self.to_system_time()))
+            write!(
+                f,
+                "{}",
+                humantime::format_rfc3339_millis(self.to_system_time())
+            )
         } else {
             write!(f, "{}ms before the epoch", self.0.unsigned_abs())
         }
@@ -310,7 +320,11 @@ impl ETag {
 
 impl fmt::Display for ETag {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_empty() { "<absent>" } else { &self.0 })
+        f.write_str(if self.0.is_empty() {
+            "<absent>"
+        } else {
+            &self.0
+        })
     }
 }
 
@@ -374,7 +388,11 @@ mod tests {
 
     #[test]
     fn silo_address_text_round_trips() {
-        for text in ["127.0.0.1:11111@0", "[::1]:1@-5", "10.1.2.3:65535@2147483647"] {
+        for text in [
+            "127.0.0.1:11111@0",
+            "[::1]:1@-5",
+            "10.1.2.3:65535@2147483647",
+        ] {
             let a: SiloAddress = text.parse().unwrap();
             assert_eq!(a.to_string(), text);
         }
@@ -382,7 +400,14 @@ mod tests {
 
     #[test]
     fn silo_address_rejects_malformed_text() {
-        for text in ["", "127.0.0.1:1", "127.0.0.1@1", "x:1@1", "127.0.0.1:1@x", "1.2.3.4:99999@1"] {
+        for text in [
+            "",
+            "127.0.0.1:1",
+            "127.0.0.1@1",
+            "x:1@1",
+            "127.0.0.1:1@x",
+            "1.2.3.4:99999@1",
+        ] {
             assert!(matches!(
                 text.parse::<SiloAddress>(),
                 Err(MembershipError::InvalidSiloAddress { .. })

@@ -68,16 +68,31 @@ impl MembershipOptions {
             ));
         }
         if self.num_missed_table_i_am_alive_limit == 0 {
-            return Err(MembershipError::config("num_missed_table_i_am_alive_limit", "must be at least 1"));
+            return Err(MembershipError::config(
+                "num_missed_table_i_am_alive_limit",
+                "must be at least 1",
+            ));
         }
         if self.defunct_silo_expiration < Duration::from_secs(1) {
-            return Err(MembershipError::config("defunct_silo_expiration", "must be at least 1s"));
+            return Err(MembershipError::config(
+                "defunct_silo_expiration",
+                "must be at least 1s",
+            ));
         }
-        if self.defunct_silo_cleanup_period.is_some_and(|p| p < Duration::from_secs(1)) {
-            return Err(MembershipError::config("defunct_silo_cleanup_period", "must be at least 1s or absent"));
+        if self
+            .defunct_silo_cleanup_period
+            .is_some_and(|p| p < Duration::from_secs(1))
+        {
+            return Err(MembershipError::config(
+                "defunct_silo_cleanup_period",
+                "must be at least 1s or absent",
+            ));
         }
         if self.i_am_alive_jitter_percent > 50 {
-            return Err(MembershipError::config("i_am_alive_jitter_percent", "must be at most 50"));
+            return Err(MembershipError::config(
+                "i_am_alive_jitter_percent",
+                "must be at most 50",
+            ));
         }
         Ok(())
     }
@@ -92,7 +107,10 @@ mod tests {
         let o = MembershipOptions::default();
         assert_eq!(o.i_am_alive_table_publish_timeout, Duration::from_secs(30));
         assert_eq!(o.defunct_silo_expiration, Duration::from_secs(604_800));
-        assert_eq!(o.defunct_silo_cleanup_period, Some(Duration::from_secs(3600)));
+        assert_eq!(
+            o.defunct_silo_cleanup_period,
+            Some(Duration::from_secs(3600))
+        );
         o.validate().unwrap();
     }
 

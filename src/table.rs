@@ -6,7 +6,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::Result;
-use crate::model::{ETag, MembershipEntry, MembershipSnapshot, SiloAddress, TableVersion, Timestamp};
+use crate::model::{
+    ETag, MembershipEntry, MembershipSnapshot, SiloAddress, TableVersion, Timestamp,
+};
 
 /// How long a silo's entry is guaranteed to live and when it should be refreshed — the
 /// equivalent of a resolver's registration lifetime.
@@ -108,7 +110,8 @@ pub trait MembershipTable: Send + Sync + Debug {
     ///
     /// Returns `false`, with no side effect, if a row for the address exists or
     /// `new_version.etag` is not the table's current version tag.
-    async fn insert_row(&self, entry: &MembershipEntry, new_version: &TableVersion) -> Result<bool>;
+    async fn insert_row(&self, entry: &MembershipEntry, new_version: &TableVersion)
+    -> Result<bool>;
 
     /// Replaces the whole entry and moves the table to `new_version.version`, atomically.
     ///
@@ -126,7 +129,11 @@ pub trait MembershipTable: Send + Sync + Debug {
     ///
     /// The stored I-am-alive time only moves forward: a read returns the latest time written by
     /// this call or by `insert_row`/`update_row` since the row was inserted.
-    async fn update_i_am_alive(&self, address: &SiloAddress, time: Timestamp) -> Result<HeartbeatOutcome>;
+    async fn update_i_am_alive(
+        &self,
+        address: &SiloAddress,
+        time: Timestamp,
+    ) -> Result<HeartbeatOutcome>;
 
     /// Deletes every entry that is not Active and whose [`MembershipEntry::last_activity`] is
     /// older than `before`. Does not change the table version. Returns how many it removed.

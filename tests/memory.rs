@@ -50,7 +50,9 @@ impl MembershipTable for IgnoresRowTag {
     async fn initialize(&self, v: bool) -> cassandra_membership::Result<()> {
         self.0.initialize(v).await
     }
-    async fn read_all(&self) -> cassandra_membership::Result<cassandra_membership::MembershipSnapshot> {
+    async fn read_all(
+        &self,
+    ) -> cassandra_membership::Result<cassandra_membership::MembershipSnapshot> {
         self.0.read_all().await
     }
     async fn read_row(
@@ -85,7 +87,10 @@ impl MembershipTable for IgnoresRowTag {
     ) -> cassandra_membership::Result<cassandra_membership::HeartbeatOutcome> {
         self.0.update_i_am_alive(a, t).await
     }
-    async fn cleanup_defunct(&self, b: cassandra_membership::Timestamp) -> cassandra_membership::Result<usize> {
+    async fn cleanup_defunct(
+        &self,
+        b: cassandra_membership::Timestamp,
+    ) -> cassandra_membership::Result<usize> {
         self.0.cleanup_defunct(b).await
     }
     async fn delete_cluster(&self, c: &str) -> cassandra_membership::Result<()> {
@@ -96,12 +101,26 @@ impl MembershipTable for IgnoresRowTag {
 #[tokio::test]
 async fn the_model_check_catches_an_ignored_row_tag() {
     use model::{Op, Step, TagChoice};
-    let table: Arc<dyn MembershipTable> = Arc::new(IgnoresRowTag(InMemoryMembershipTable::new("broken")));
+    let table: Arc<dyn MembershipTable> =
+        Arc::new(IgnoresRowTag(InMemoryMembershipTable::new("broken")));
     table.initialize(true).await.unwrap();
     let steps = [
-        Step::One(Op::Insert { silo: 0, status: 2, version: TagChoice::Current }),
-        Step::One(Op::Update { silo: 0, status: 3, suspect: false, row: TagChoice::Random, version: TagChoice::Current }),
+        Step::One(Op::Insert {
+            silo: 0,
+            status: 2,
+            version: TagChoice::Current,
+        }),
+        Step::One(Op::Update {
+            silo: 0,
+            status: 3,
+            suspect: false,
+            row: TagChoice::Random,
+            version: TagChoice::Current,
+        }),
     ];
     let verdict = model::check(table, &steps).await;
-    assert!(verdict.is_err(), "a backend ignoring row tags must fail the model check");
+    assert!(
+        verdict.is_err(),
+        "a backend ignoring row tags must fail the model check"
+    );
 }

@@ -17,30 +17,34 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use scylla::SerializeRow;
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
 use scylla::errors::ExecutionError;
 use scylla::response::{PagingState, PagingStateResponse};
 use scylla::statement::batch::Batch;
 use scylla::value::{CqlTimestamp, CqlValue, Row};
-use scylla::SerializeRow;
 use tokio::sync::OnceCell;
-use tracing::{debug, info, instrument, warn, Span};
+use tracing::{Span, debug, info, instrument, warn};
 use uuid::Uuid;
 
 pub use options::{
-    CassandraClusteringOptions, ConsistencyProfile, Credentials, TtlMismatchPolicy, EXPIRY_HORIZON_UNIX_SECONDS,
-    MAX_TTL_SECONDS,
+    CassandraClusteringOptions, ConsistencyProfile, Credentials, EXPIRY_HORIZON_UNIX_SECONDS,
+    MAX_TTL_SECONDS, TtlMismatchPolicy,
 };
 
 use crate::error::{MembershipError, Result};
 use crate::model::{
-    ETag, MembershipEntry, MembershipRow, MembershipSnapshot, SiloAddress, SiloStatus, TableVersion, Timestamp,
+    ETag, MembershipEntry, MembershipRow, MembershipSnapshot, SiloAddress, SiloStatus,
+    TableVersion, Timestamp,
 };
 use crate::table::{HeartbeatOutcome, Lease, MembershipTable, StorageExpiry};
 use driver_errors::{may_have_applied, to_error};
-use rows::{decode_entry, decode_version, merge_heartbeat, EntryRow, EntryWithStaticsRow, StaticsRow, StoredEntry};
-use statements::{create_keyspace_cql, create_table_cql, qualified, Statements};
+use rows::{
+    EntryRow, EntryWithStaticsRow, StaticsRow, StoredEntry, StoredHeartbeat, decode_entry,
+    decode_version, merge_heartbeat,
+};
+use statements::{Statements, create_keyspace_cql, create_table_cql, qualified};
 
 /// How many times a read restarts when the version moves between its pages, and how many times
 /// a lease renewal re-reads after losing a race.
@@ -92,6 +96,18 @@ struct LeaseState {
     /// Local time taken before the write that last refreshed (or checked) the entry was sent.
     renewed_at: Timestamp,
     dead: bool,
+    /// The entry's start time: heartbeat elements carry it to name their incarnation.
+    start_time: Timestamp,
+}
+
+impl LeaseState {
+    fn after_write(entry: &MembershipEntry, renewed_at: Timestamp) -> Self {
+        LeaseState {
+            renewed_at,
+            dead: entry.status == SiloStatus::Dead,
+            start_time: entry.start_time,
+        }
+    }
 }
 
 /// The table, its statements and the session: shared by the per-cluster values of one table.
@@ -197,7 +213,7 @@ struct HeartbeatValues<'a> {
     ttl: i32,
     write_time_micros: i64,
     silo: &'a str,
-    i_am_alive: CqlTimestamp,
+    heartbeat: (CqlTimestamp, CqlTimestamp),
     service_id: &'a str,
     cluster_id: &'a str,
 }
@@ -209,7 +225,7 @@ struct DeleteEntryValues<'a> {
     silo: &'a str,
     expected_etag: Uuid,
     heartbeat_key: &'a str,
-    expected_heartbeat: Option<CqlTimestamp>,
+    expected_heartbeat: Option<StoredHeartbeat>,
 }
 
 #[derive(SerializeRow)]
@@ -255,7 +271,7 @@ struct PartitionRead {
     version: TableVersion,
     version_etag: Option<Uuid>,
     entries: Vec<StoredEntry>,
-    heartbeats: HashMap<String, CqlTimestamp>,
+    heartbeats: HashMap<String, StoredHeartbeat>,
 }
 
 impl PartitionRead {
@@ -297,16 +313,22 @@ fn parse_etag(etag: &ETag) -> Option<Option<Uuid>> {
 }
 
 fn applied(result: scylla::response::query_result::QueryResult) -> Result<bool> {
-    let rows = result
-        .into_rows_result()
-        .map_err(|e| MembershipError::corrupt(None, format!("conditional write returned no [applied] row: {e}")))?;
+    let rows = result.into_rows_result().map_err(|e| {
+        MembershipError::corrupt(
+            None,
+            format!("conditional write returned no [applied] row: {e}"),
+        )
+    })?;
     let first: Option<Row> = rows
         .maybe_first_row::<Row>()
         .map_err(|e| MembershipError::corrupt(None, format!("unreadable [applied] row: {e}")))?;
     // Cassandra and ScyllaDB return different extra columns; only the first one, [applied], counts.
     match first.and_then(|r| r.columns.into_iter().next()) {
         Some(Some(CqlValue::Boolean(b))) => Ok(b),
-        other => Err(MembershipError::corrupt(None, format!("unexpected [applied] column: {other:?}"))),
+        other => Err(MembershipError::corrupt(
+            None,
+            format!("unexpected [applied] column: {other:?}"),
+        )),
     }
 }
 
@@ -321,17 +343,23 @@ impl CassandraMembershipTable {
         if let Some(c) = &options.credentials {
             builder = builder.user(c.username.clone(), c.password.clone());
         }
-        let session = builder.build().await.map_err(|e| MembershipError::Unavailable {
-            operation: "connect",
-            // The driver's error text never holds the password; it names nodes and causes.
-            source: Box::new(e),
-        })?;
+        let session = builder
+            .build()
+            .await
+            .map_err(|e| MembershipError::Unavailable {
+                operation: "connect",
+                // The driver's error text never holds the password; it names nodes and causes.
+                source: Box::new(e),
+            })?;
         Self::with_session(Arc::new(session), options)
     }
 
     /// Connects over TLS with the given rustls configuration.
     #[cfg(feature = "rustls")]
-    pub async fn connect_tls(options: CassandraClusteringOptions, tls: Arc<rustls::ClientConfig>) -> Result<Self> {
+    pub async fn connect_tls(
+        options: CassandraClusteringOptions,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> Result<Self> {
         options.validate()?;
         let mut builder = SessionBuilder::new()
             .known_nodes(&options.contact_points)
@@ -340,15 +368,21 @@ impl CassandraMembershipTable {
         if let Some(c) = &options.credentials {
             builder = builder.user(c.username.clone(), c.password.clone());
         }
-        let session = builder.build().await.map_err(|e| MembershipError::Unavailable {
-            operation: "connect",
-            source: Box::new(e),
-        })?;
+        let session = builder
+            .build()
+            .await
+            .map_err(|e| MembershipError::Unavailable {
+                operation: "connect",
+                source: Box::new(e),
+            })?;
         Self::with_session(Arc::new(session), options)
     }
 
     /// Uses a session the host already has. `options.contact_points` and `credentials` are ignored.
-    pub fn with_session(session: Arc<Session>, options: CassandraClusteringOptions) -> Result<Self> {
+    pub fn with_session(
+        session: Arc<Session>,
+        options: CassandraClusteringOptions,
+    ) -> Result<Self> {
         options.validate()?;
         let cluster_id = options.cluster_id.clone();
         let qualified = qualified(&options.keyspace, &options.table);
@@ -452,22 +486,29 @@ impl CassandraMembershipTable {
         }
     }
 
-    fn remember_lease(&self, address: SiloAddress, renewed_at: Timestamp, dead: bool) {
+    fn remember_lease(&self, address: SiloAddress, state: LeaseState) {
         let mut leases = self.leases.lock().unwrap_or_else(|p| p.into_inner());
         if leases.len() >= MAX_LEASES && !leases.contains_key(&address) {
             // Forgetting only costs an extra check on that silo's next heartbeat.
             leases.clear();
         }
-        leases.insert(address, LeaseState { renewed_at, dead });
+        leases.insert(address, state);
     }
 
     fn forget_lease(&self, address: &SiloAddress) {
-        self.leases.lock().unwrap_or_else(|p| p.into_inner()).remove(address);
+        self.leases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(address);
     }
 
     /// The lease this table value granted `address` with its last write or check, if it knows one.
     pub fn known_lease(&self, address: &SiloAddress) -> Option<Lease> {
-        let state = *self.leases.lock().unwrap_or_else(|p| p.into_inner()).get(address)?;
+        let state = *self
+            .leases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(address)?;
         Some(self.lease_for(state.renewed_at))
     }
 
@@ -526,9 +567,9 @@ impl CassandraMembershipTable {
                 true,
             )
             .await?;
-        let rows = result
-            .into_rows_result()
-            .map_err(|e| MembershipError::corrupt(None, format!("read returned no rows result: {e}")))?;
+        let rows = result.into_rows_result().map_err(|e| {
+            MembershipError::corrupt(None, format!("read returned no rows result: {e}"))
+        })?;
         Ok(rows
             .maybe_first_row::<StaticsRow>()
             .map_err(|e| self.shape_error(e))?
@@ -571,9 +612,9 @@ impl CassandraMembershipTable {
                     )
                     .await
                     .map_err(|e| to_error("read", e))?;
-                let rows = result
-                    .into_rows_result()
-                    .map_err(|e| MembershipError::corrupt(None, format!("read returned no rows result: {e}")))?;
+                let rows = result.into_rows_result().map_err(|e| {
+                    MembershipError::corrupt(None, format!("read returned no rows result: {e}"))
+                })?;
                 for row in rows.rows::<EntryRow>().map_err(|e| self.shape_error(e))? {
                     let row = row.map_err(|e| self.shape_error(e))?;
                     if row.version_etag != statics.version_etag {
@@ -608,7 +649,10 @@ impl CassandraMembershipTable {
                     heartbeats: statics.heartbeats.unwrap_or_default(),
                 });
             }
-            debug!(cluster = cluster_id, "the version moved during a paged read; reading again");
+            debug!(
+                cluster = cluster_id,
+                "the version moved during a paged read; reading again"
+            );
         }
         Err(MembershipError::Contention {
             operation: "read",
@@ -623,10 +667,14 @@ impl CassandraMembershipTable {
         &self,
         address: &SiloAddress,
         serial: bool,
-    ) -> Result<Option<(StoredEntry, TableVersion, Option<CqlTimestamp>)>> {
+    ) -> Result<Option<(StoredEntry, TableVersion, Option<StoredHeartbeat>)>> {
         let st = self.statements().await?;
         let key = address.to_string();
-        let statement = if serial { &st.read_row } else { &st.read_row_quorum };
+        let statement = if serial {
+            &st.read_row
+        } else {
+            &st.read_row_quorum
+        };
         let result = self
             .exec_read(
                 "read_row",
@@ -640,9 +688,9 @@ impl CassandraMembershipTable {
                 serial,
             )
             .await?;
-        let rows = result
-            .into_rows_result()
-            .map_err(|e| MembershipError::corrupt(Some(&key), format!("read returned no rows result: {e}")))?;
+        let rows = result.into_rows_result().map_err(|e| {
+            MembershipError::corrupt(Some(&key), format!("read returned no rows result: {e}"))
+        })?;
         let Some(row) = rows
             .maybe_first_row::<EntryWithStaticsRow>()
             .map_err(|e| self.shape_error(e))?
@@ -652,11 +700,17 @@ impl CassandraMembershipTable {
         let version_etag = row.version_etag;
         let (row, version, heartbeat) = row.split();
         let version = decode_version(version, version_etag)?;
-        let stored = decode_entry(row).map_err(|(_, reason)| MembershipError::corrupt(Some(&key), reason))?;
+        let stored = decode_entry(row)
+            .map_err(|(_, reason)| MembershipError::corrupt(Some(&key), reason))?;
         Ok(Some((stored, version, heartbeat)))
     }
 
-    fn entry_values<'a>(&'a self, entry: &'a MembershipEntry, silo: &'a str, new_etag: Uuid) -> EntryValues<'a> {
+    fn entry_values<'a>(
+        &'a self,
+        entry: &'a MembershipEntry,
+        silo: &'a str,
+        new_etag: Uuid,
+    ) -> EntryValues<'a> {
         EntryValues {
             service_id: self.service_id(),
             cluster_id: &self.cluster_id,
@@ -680,7 +734,12 @@ impl CassandraMembershipTable {
         }
     }
 
-    fn version_values(&self, version: i64, new_etag: Uuid, expected: Option<Uuid>) -> WriteVersionValues<'_> {
+    fn version_values(
+        &self,
+        version: i64,
+        new_etag: Uuid,
+        expected: Option<Uuid>,
+    ) -> WriteVersionValues<'_> {
         WriteVersionValues {
             ttl: self.write_ttl(),
             version,
@@ -719,10 +778,14 @@ impl CassandraMembershipTable {
             Some((_, v)) => parse_etag(&v.etag).flatten(),
             None => match self.read_statics(&self.cluster_id).await {
                 Ok(s) => s.version_etag,
-                Err(read_err) => return Err(unknown(format!("the re-read failed too: {read_err}"), err)),
+                Err(read_err) => {
+                    return Err(unknown(format!("the re-read failed too: {read_err}"), err));
+                }
             },
         };
-        let row_is_ours = found.as_ref().is_some_and(|(etag, _)| *etag == new_row_etag);
+        let row_is_ours = found
+            .as_ref()
+            .is_some_and(|(etag, _)| *etag == new_row_etag);
         if row_is_ours || current_version_etag == Some(new_version_etag) {
             info!(operation, silo = %address, "ambiguous conditional write had applied");
             return Ok(true);
@@ -739,8 +802,8 @@ impl CassandraMembershipTable {
     }
 
     /// Renews the TTL of an entry and of the version by rewriting them unchanged, conditionally
-    /// on both being unchanged. Returns the entry's status, or `None` if it is gone.
-    async fn renew(&self, address: &SiloAddress) -> Result<Option<SiloStatus>> {
+    /// on both being unchanged. Returns the entry as read, or `None` if it is gone.
+    async fn renew(&self, address: &SiloAddress) -> Result<Option<MembershipEntry>> {
         let st = self.statements().await?;
         let key = address.to_string();
         for _ in 0..MAX_ATTEMPTS {
@@ -749,7 +812,7 @@ impl CassandraMembershipTable {
                 return Ok(None);
             };
             if self.opts().ttl_seconds().is_none() {
-                return Ok(Some(stored.entry.status));
+                return Ok(Some(stored.entry));
             }
             let version_etag = parse_etag(&version.etag).flatten();
             let Some(version_etag_value) = version_etag else {
@@ -768,7 +831,7 @@ impl CassandraMembershipTable {
             match self.exec_conditional_batch(&st.update_batch, values).await {
                 Ok(r) => {
                     if r? {
-                        return Ok(Some(stored.entry.status));
+                        return Ok(Some(stored.entry));
                     }
                     // Lost a race with a membership change: read again.
                 }
@@ -826,7 +889,11 @@ impl CassandraMembershipTable {
         }
         let existing = self.table_settings().await?;
         if existing.is_none() {
-            let ddl = create_table_cql(&self.shared.qualified, o.ttl_seconds().unwrap_or(0), o.gc_grace.as_secs());
+            let ddl = create_table_cql(
+                &self.shared.qualified,
+                o.ttl_seconds().unwrap_or(0),
+                o.gc_grace.as_secs(),
+            );
             session
                 .query_unpaged(ddl, ())
                 .await
@@ -880,7 +947,8 @@ impl CassandraMembershipTable {
             .rows::<(String, String, String)>()
             .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?
         {
-            let (name, ty, kind) = row.map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?;
+            let (name, ty, kind) = row
+                .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?;
             actual.insert(name, (ty, kind));
         }
         let expected: &[(&str, &str, &str)] = &[
@@ -889,10 +957,18 @@ impl CassandraMembershipTable {
             ("silo", "text", "clustering"),
             ("version", "bigint", "static"),
             ("version_etag", "uuid", "static"),
-            ("heartbeats", "map<text, timestamp>", "static"),
+            (
+                "heartbeats",
+                "map<text, frozen<tuple<timestamp, timestamp>>>",
+                "static",
+            ),
             ("etag", "uuid", "regular"),
             ("status", "int", "regular"),
-            ("suspect_times", "frozen<list<frozen<tuple<text, timestamp>>>>", "regular"),
+            (
+                "suspect_times",
+                "frozen<list<frozen<tuple<text, timestamp>>>>",
+                "regular",
+            ),
             ("proxy_port", "int", "regular"),
             ("host_name", "text", "regular"),
             ("silo_name", "text", "regular"),
@@ -985,15 +1061,16 @@ impl MembershipTable for CassandraMembershipTable {
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, silo = %address))]
     async fn read_row(&self, address: &SiloAddress) -> Result<MembershipSnapshot> {
-        let found = |(stored, version, heartbeat): (StoredEntry, TableVersion, Option<CqlTimestamp>)| {
-            MembershipSnapshot {
-                rows: vec![MembershipRow {
-                    entry: merge_heartbeat(stored.entry, heartbeat),
-                    etag: ETag::new(stored.etag.to_string()),
-                }],
-                version,
-            }
-        };
+        let found =
+            |(stored, version, heartbeat): (StoredEntry, TableVersion, Option<StoredHeartbeat>)| {
+                MembershipSnapshot {
+                    rows: vec![MembershipRow {
+                        entry: merge_heartbeat(stored.entry, heartbeat),
+                        etag: ETag::new(stored.etag.to_string()),
+                    }],
+                    version,
+                }
+            };
         if let Some(hit) = self.read_one(address, true).await? {
             return Ok(found(hit));
         }
@@ -1010,9 +1087,14 @@ impl MembershipTable for CassandraMembershipTable {
     }
 
     #[instrument(level = "debug", skip(self, entry), fields(cluster = %self.cluster_id, silo = %entry.address, version = new_version.version, applied))]
-    async fn insert_row(&self, entry: &MembershipEntry, new_version: &TableVersion) -> Result<bool> {
-        let version = i64::try_from(new_version.version)
-            .map_err(|_| MembershipError::config("new_version.version", "does not fit a CQL bigint"))?;
+    async fn insert_row(
+        &self,
+        entry: &MembershipEntry,
+        new_version: &TableVersion,
+    ) -> Result<bool> {
+        let version = i64::try_from(new_version.version).map_err(|_| {
+            MembershipError::config("new_version.version", "does not fit a CQL bigint")
+        })?;
         let Some(expected) = parse_etag(&new_version.etag) else {
             return Ok(false); // not a tag this table ever issued: it cannot be the current one
         };
@@ -1023,32 +1105,42 @@ impl MembershipTable for CassandraMembershipTable {
         let values = (
             self.entry_values(entry, &key, new_row_etag),
             self.version_values(version, new_version_etag, expected),
-            SiloKey {
-                silo: &key,
-                service_id: self.service_id(),
-                cluster_id: &self.cluster_id,
-            },
         );
         let applied = match self.exec_conditional_batch(&st.insert_batch, values).await {
             Ok(r) => r?,
             Err(e) if may_have_applied(&e) => {
-                self.resolve("insert_row", &entry.address, expected, new_row_etag, new_version_etag, e)
-                    .await?
+                self.resolve(
+                    "insert_row",
+                    &entry.address,
+                    expected,
+                    new_row_etag,
+                    new_version_etag,
+                    e,
+                )
+                .await?
             }
             Err(e) => return Err(to_error("insert_row", e)),
         };
         if applied {
-            self.remember_lease(entry.address, sent_at, entry.status == SiloStatus::Dead);
+            self.remember_lease(entry.address, LeaseState::after_write(entry, sent_at));
         }
         Span::current().record("applied", applied);
         Ok(applied)
     }
 
     #[instrument(level = "debug", skip(self, entry), fields(cluster = %self.cluster_id, silo = %entry.address, version = new_version.version, applied))]
-    async fn update_row(&self, entry: &MembershipEntry, row_etag: &ETag, new_version: &TableVersion) -> Result<bool> {
-        let version = i64::try_from(new_version.version)
-            .map_err(|_| MembershipError::config("new_version.version", "does not fit a CQL bigint"))?;
-        let (Some(expected), Some(Some(expected_row))) = (parse_etag(&new_version.etag), parse_etag(row_etag)) else {
+    async fn update_row(
+        &self,
+        entry: &MembershipEntry,
+        row_etag: &ETag,
+        new_version: &TableVersion,
+    ) -> Result<bool> {
+        let version = i64::try_from(new_version.version).map_err(|_| {
+            MembershipError::config("new_version.version", "does not fit a CQL bigint")
+        })?;
+        let (Some(expected), Some(Some(expected_row))) =
+            (parse_etag(&new_version.etag), parse_etag(row_etag))
+        else {
             return Ok(false); // tags this table never issued cannot match
         };
         let st = self.statements().await?;
@@ -1065,20 +1157,31 @@ impl MembershipTable for CassandraMembershipTable {
         let applied = match self.exec_conditional_batch(&st.update_batch, values).await {
             Ok(r) => r?,
             Err(e) if may_have_applied(&e) => {
-                self.resolve("update_row", &entry.address, expected, new_row_etag, new_version_etag, e)
-                    .await?
+                self.resolve(
+                    "update_row",
+                    &entry.address,
+                    expected,
+                    new_row_etag,
+                    new_version_etag,
+                    e,
+                )
+                .await?
             }
             Err(e) => return Err(to_error("update_row", e)),
         };
         if applied {
-            self.remember_lease(entry.address, sent_at, entry.status == SiloStatus::Dead);
+            self.remember_lease(entry.address, LeaseState::after_write(entry, sent_at));
         }
         Span::current().record("applied", applied);
         Ok(applied)
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, silo = %address, outcome))]
-    async fn update_i_am_alive(&self, address: &SiloAddress, time: Timestamp) -> Result<HeartbeatOutcome> {
+    async fn update_i_am_alive(
+        &self,
+        address: &SiloAddress,
+        time: Timestamp,
+    ) -> Result<HeartbeatOutcome> {
         let st = self.statements().await?;
         let now = Timestamp::now();
         let known = self
@@ -1098,12 +1201,9 @@ impl MembershipTable for CassandraMembershipTable {
                         Span::current().record("outcome", "not_found");
                         return Ok(HeartbeatOutcome::NotFound);
                     }
-                    Some(status) => {
-                        let s = LeaseState {
-                            renewed_at: now,
-                            dead: status == SiloStatus::Dead,
-                        };
-                        self.remember_lease(*address, now, s.dead);
+                    Some(entry) => {
+                        let s = LeaseState::after_write(&entry, now);
+                        self.remember_lease(*address, s);
                         s
                     }
                 }
@@ -1118,7 +1218,7 @@ impl MembershipTable for CassandraMembershipTable {
                     ttl: self.write_ttl(),
                     write_time_micros: time.as_millis().saturating_mul(1000),
                     silo: &key,
-                    i_am_alive: to_cql(time),
+                    heartbeat: (to_cql(state.start_time), to_cql(time)),
                     service_id: self.service_id(),
                     cluster_id: &self.cluster_id,
                 },
@@ -1164,7 +1264,9 @@ impl MembershipTable for CassandraMembershipTable {
                     Err(_) => {
                         return Err(MembershipError::OutcomeUnknown {
                             operation: "cleanup_defunct",
-                            detail: format!("deleting {key}; {removed} entries were removed before"),
+                            detail: format!(
+                                "deleting {key}; {removed} entries were removed before"
+                            ),
                             source: Box::new(e),
                         });
                     }
@@ -1179,16 +1281,24 @@ impl MembershipTable for CassandraMembershipTable {
         }
         // Heartbeat elements whose row is gone (removed above, or earlier), older than the cutoff.
         // Each delete is stamped with the element's own time, so a newer heartbeat survives it.
-        let live: HashSet<String> = read
+        // An element of another incarnation (start time differs from the row's) counts as orphaned.
+        let live: HashMap<String, i64> = read
             .entries
             .iter()
-            .map(|e| e.entry.address.to_string())
-            .filter(|k| !removed_keys.contains(k))
+            .map(|e| (e.entry.address.to_string(), e.entry.start_time.as_millis()))
+            .filter(|(k, _)| !removed_keys.contains(k))
             .collect();
-        for (key, time) in &read.heartbeats {
-            if time.0 < before.as_millis() && !live.contains(key) {
-                self.delete_heartbeat(&self.cluster_id, key, time.0.saturating_mul(1000), "cleanup_defunct")
-                    .await?;
+        for (key, (start, time)) in &read.heartbeats {
+            let Some(time) = time else { continue };
+            let owned = start.is_some_and(|s| live.get(key) == Some(&s.0));
+            if time.0 < before.as_millis() && !owned {
+                self.delete_heartbeat(
+                    &self.cluster_id,
+                    key,
+                    time.0.saturating_mul(1000),
+                    "cleanup_defunct",
+                )
+                .await?;
             }
         }
         Span::current().record("removed", removed);
@@ -1205,7 +1315,11 @@ impl MembershipTable for CassandraMembershipTable {
         for _ in 0..MAX_ATTEMPTS {
             let read = self.read_partition(cluster_id).await?;
             let mut expected = read.version_etag;
-            let keys: Vec<String> = read.entries.iter().map(|e| e.entry.address.to_string()).collect();
+            let keys: Vec<String> = read
+                .entries
+                .iter()
+                .map(|e| e.entry.address.to_string())
+                .collect();
             let mut chunks: Vec<&[String]> = keys.chunks(DELETE_CHUNK).collect();
             if chunks.is_empty() {
                 chunks.push(&[]);
@@ -1214,7 +1328,8 @@ impl MembershipTable for CassandraMembershipTable {
             for chunk in chunks {
                 // Each chunk deletes its rows and the statics, fenced on the version read: a
                 // concurrent membership change makes the batch fail and the loop read again.
-                let statements = std::iter::repeat_n(&st.delete_row, chunk.len()).chain([&st.delete_statics]);
+                let statements =
+                    std::iter::repeat_n(&st.delete_row, chunk.len()).chain([&st.delete_statics]);
                 let batch = st.batch_of(statements, self.opts().request_timeout);
                 let mut values: Vec<DeleteClusterValues<'_>> = chunk
                     .iter()
@@ -1248,12 +1363,25 @@ impl MembershipTable for CassandraMembershipTable {
             // Heartbeat elements stamped later than the deleting ballot survive it (their stamp
             // is their I-am-alive time): remove those with a delete stamped just after each.
             let soon = Timestamp::now().as_millis().saturating_sub(1000);
-            for (key, time) in read.heartbeats.iter().filter(|(_, t)| t.0 >= soon) {
-                self.delete_heartbeat(cluster_id, key, time.0.saturating_mul(1000).saturating_add(1), "delete_cluster")
-                    .await?;
+            for (key, time) in read
+                .heartbeats
+                .iter()
+                .filter_map(|(k, (_, t))| t.map(|t| (k, t)))
+                .filter(|(_, t)| t.0 >= soon)
+            {
+                self.delete_heartbeat(
+                    cluster_id,
+                    key,
+                    time.0.saturating_mul(1000).saturating_add(1),
+                    "delete_cluster",
+                )
+                .await?;
             }
             if cluster_id == self.cluster_id {
-                self.leases.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                self.leases
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clear();
             }
             return Ok(());
         }

@@ -152,7 +152,11 @@ const MIN_TTL_HEARTBEAT_PERIODS: u32 = 4;
 
 impl CassandraClusteringOptions {
     /// Options for `cluster_id` of `service_id` in `keyspace`, everything else default.
-    pub fn new(keyspace: impl Into<String>, service_id: impl Into<String>, cluster_id: impl Into<String>) -> Self {
+    pub fn new(
+        keyspace: impl Into<String>,
+        service_id: impl Into<String>,
+        cluster_id: impl Into<String>,
+    ) -> Self {
         CassandraClusteringOptions {
             keyspace: keyspace.into(),
             service_id: service_id.into(),
@@ -183,7 +187,10 @@ impl CassandraClusteringOptions {
     pub fn create_keyspace_simple(mut self, replication_factor: u32) -> Self {
         self.create_keyspace_with_replication = Some(BTreeMap::from([
             ("class".to_owned(), "SimpleStrategy".to_owned()),
-            ("replication_factor".to_owned(), replication_factor.to_string()),
+            (
+                "replication_factor".to_owned(),
+                replication_factor.to_string(),
+            ),
         ]));
         self
     }
@@ -235,7 +242,8 @@ impl CassandraClusteringOptions {
 
     /// The configured TTL in whole seconds (DefunctSiloExpiration rounded up), `None` when off.
     pub fn ttl_seconds(&self) -> Option<u64> {
-        self.ttl.then(|| ceil_seconds(self.membership.defunct_silo_expiration))
+        self.ttl
+            .then(|| ceil_seconds(self.membership.defunct_silo_expiration))
     }
 
     /// The lease renewal interval in whole seconds (when expiry is on).
@@ -266,10 +274,16 @@ impl CassandraClusteringOptions {
         validate_value("service_id", &self.service_id)?;
         validate_value("cluster_id", &self.cluster_id)?;
         if self.contact_points.is_empty() {
-            return Err(MembershipError::config("contact_points", "at least one node is needed"));
+            return Err(MembershipError::config(
+                "contact_points",
+                "at least one node is needed",
+            ));
         }
         if let Some(p) = self.contact_points.iter().find(|p| p.trim().is_empty()) {
-            return Err(MembershipError::config("contact_points", format!("empty contact point {p:?}")));
+            return Err(MembershipError::config(
+                "contact_points",
+                format!("empty contact point {p:?}"),
+            ));
         }
         if let Some(map) = &self.create_keyspace_with_replication {
             if !map.contains_key("class") {
@@ -280,30 +294,47 @@ impl CassandraClusteringOptions {
             }
             for (k, v) in map {
                 let ok = |s: &str| {
-                    !s.is_empty() && s.len() <= 128 && s.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+                    !s.is_empty()
+                        && s.len() <= 128
+                        && s.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
                 };
                 if !ok(k) || !ok(v) {
                     return Err(MembershipError::config(
                         "create_keyspace_with_replication",
-                        format!("{k:?} = {v:?}: keys and values may hold letters, digits, '.', '_' and '-' only"),
+                        format!(
+                            "{k:?} = {v:?}: keys and values may hold letters, digits, '.', '_' and '-' only"
+                        ),
                     ));
                 }
             }
         }
         if self.request_timeout < Duration::from_millis(100) {
-            return Err(MembershipError::config("request_timeout", "must be at least 100ms"));
+            return Err(MembershipError::config(
+                "request_timeout",
+                "must be at least 100ms",
+            ));
         }
         if self.page_size < 10 || self.page_size > 100_000 {
-            return Err(MembershipError::config("page_size", "must be between 10 and 100000"));
+            return Err(MembershipError::config(
+                "page_size",
+                "must be between 10 and 100000",
+            ));
         }
         if let Some(c) = &self.credentials
             && c.username.is_empty()
         {
-            return Err(MembershipError::config("credentials.username", "must not be empty"));
+            return Err(MembershipError::config(
+                "credentials.username",
+                "must not be empty",
+            ));
         }
         let gc = self.gc_grace.as_secs();
         if gc > i32::MAX as u64 {
-            return Err(MembershipError::config("gc_grace", "must fit Cassandra's gc_grace_seconds (int)"));
+            return Err(MembershipError::config(
+                "gc_grace",
+                "must fit Cassandra's gc_grace_seconds (int)",
+            ));
         }
         if let Some(ttl) = self.ttl_seconds() {
             let period = self.membership.i_am_alive_table_publish_timeout;
@@ -328,7 +359,9 @@ impl CassandraClusteringOptions {
             if write_ttl > MAX_TTL_SECONDS {
                 return Err(MembershipError::config(
                     "membership.defunct_silo_expiration",
-                    format!("TTL plus renewal interval is {write_ttl} s; Cassandra allows at most {MAX_TTL_SECONDS} s"),
+                    format!(
+                        "TTL plus renewal interval is {write_ttl} s; Cassandra allows at most {MAX_TTL_SECONDS} s"
+                    ),
                 ));
             }
             let now = crate::model::Timestamp::now().as_millis() / 1000;
@@ -353,7 +386,8 @@ pub(crate) fn ceil_seconds(d: Duration) -> u64 {
 pub(crate) fn validate_identifier(option: &str, name: &str) -> Result<()> {
     let mut chars = name.chars();
     let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic());
-    if !first_ok || name.len() > 48 || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+    if !first_ok || name.len() > 48 || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    {
         return Err(MembershipError::config(
             option,
             format!(
@@ -370,7 +404,10 @@ fn validate_value(option: &str, value: &str) -> Result<()> {
         return Err(MembershipError::config(option, "must not be empty"));
     }
     if value.len() > 1024 {
-        return Err(MembershipError::config(option, "must be at most 1024 bytes"));
+        return Err(MembershipError::config(
+            option,
+            "must be at most 1024 bytes",
+        ));
     }
     Ok(())
 }
@@ -394,7 +431,15 @@ mod tests {
 
     #[test]
     fn identifiers_are_validated_before_anything_runs() {
-        for bad in ["", "1abc", "a-b", "a\"b", "a;drop", &"x".repeat(49), "ks.tbl"] {
+        for bad in [
+            "",
+            "1abc",
+            "a-b",
+            "a\"b",
+            "a;drop",
+            &"x".repeat(49),
+            "ks.tbl",
+        ] {
             let o = CassandraClusteringOptions::new(bad, "s", "c");
             assert_eq!(option_of(o.validate()), "keyspace");
             let o = CassandraClusteringOptions::new("ks", "s", "c").table(bad);
@@ -404,8 +449,14 @@ mod tests {
 
     #[test]
     fn empty_ids_are_rejected() {
-        assert_eq!(option_of(CassandraClusteringOptions::new("ks", "", "c").validate()), "service_id");
-        assert_eq!(option_of(CassandraClusteringOptions::new("ks", "s", "").validate()), "cluster_id");
+        assert_eq!(
+            option_of(CassandraClusteringOptions::new("ks", "", "c").validate()),
+            "service_id"
+        );
+        assert_eq!(
+            option_of(CassandraClusteringOptions::new("ks", "s", "").validate()),
+            "cluster_id"
+        );
     }
 
     #[test]
@@ -423,7 +474,10 @@ mod tests {
     fn ttl_must_span_several_heartbeats() {
         let mut o = CassandraClusteringOptions::new("ks", "s", "c").ttl(true);
         o.membership.defunct_silo_expiration = Duration::from_secs(60);
-        assert_eq!(option_of(o.validate()), "membership.defunct_silo_expiration");
+        assert_eq!(
+            option_of(o.validate()),
+            "membership.defunct_silo_expiration"
+        );
         // The same expiration is fine when expiry is off.
         o.ttl = false;
         o.validate().unwrap();
@@ -433,9 +487,15 @@ mod tests {
     fn ttl_beyond_cassandra_limits_is_rejected() {
         let mut o = CassandraClusteringOptions::new("ks", "s", "c").ttl(true);
         o.membership.defunct_silo_expiration = Duration::from_secs(MAX_TTL_SECONDS);
-        assert_eq!(option_of(o.validate()), "membership.defunct_silo_expiration");
+        assert_eq!(
+            option_of(o.validate()),
+            "membership.defunct_silo_expiration"
+        );
         o.membership.defunct_silo_expiration = Duration::from_secs(15 * 365 * 24 * 3600);
-        assert_eq!(option_of(o.validate()), "membership.defunct_silo_expiration");
+        assert_eq!(
+            option_of(o.validate()),
+            "membership.defunct_silo_expiration"
+        );
     }
 
     #[test]

@@ -8,14 +8,19 @@ use scylla::value::CqlTimestamp;
 use uuid::Uuid;
 
 use crate::error::{MembershipError, Result};
-use crate::model::{ETag, MembershipEntry, SiloAddress, SiloStatus, SuspectTime, TableVersion, Timestamp};
+use crate::model::{
+    ETag, MembershipEntry, SiloAddress, SiloStatus, SuspectTime, TableVersion, Timestamp,
+};
+
+/// A heartbeat element: (the start time of the incarnation that wrote it, its I-am-alive time).
+pub(crate) type StoredHeartbeat = (Option<CqlTimestamp>, Option<CqlTimestamp>);
 
 /// `read_statics.cql`.
 #[derive(Debug, DeserializeRow)]
 pub(crate) struct StaticsRow {
     pub(crate) version: Option<i64>,
     pub(crate) version_etag: Option<Uuid>,
-    pub(crate) heartbeats: Option<HashMap<String, CqlTimestamp>>,
+    pub(crate) heartbeats: Option<HashMap<String, StoredHeartbeat>>,
 }
 
 /// The entry columns, as `read_rows.cql` returns them (with the version tag of each row's partition).
@@ -42,7 +47,7 @@ pub(crate) struct EntryWithStaticsRow {
     pub(crate) silo: Option<String>,
     pub(crate) version: Option<i64>,
     pub(crate) version_etag: Option<Uuid>,
-    pub(crate) heartbeat: Option<CqlTimestamp>,
+    pub(crate) heartbeat: Option<StoredHeartbeat>,
     pub(crate) etag: Option<Uuid>,
     pub(crate) status: Option<i32>,
     pub(crate) suspect_times: Option<Vec<(Option<String>, Option<CqlTimestamp>)>>,
@@ -57,7 +62,7 @@ pub(crate) struct EntryWithStaticsRow {
 }
 
 impl EntryWithStaticsRow {
-    pub(crate) fn split(self) -> (EntryRow, Option<i64>, Option<CqlTimestamp>) {
+    pub(crate) fn split(self) -> (EntryRow, Option<i64>, Option<StoredHeartbeat>) {
         (
             EntryRow {
                 silo: self.silo,
@@ -95,7 +100,10 @@ pub(crate) fn decode_version(version: Option<i64>, etag: Option<Uuid>) -> Result
             version: v as u64,
             etag: ETag::new(e.to_string()),
         }),
-        (Some(v), Some(_)) => Err(MembershipError::corrupt(None, format!("the table version is negative ({v})"))),
+        (Some(v), Some(_)) => Err(MembershipError::corrupt(
+            None,
+            format!("the table version is negative ({v})"),
+        )),
         (v, e) => Err(MembershipError::corrupt(
             None,
             format!("the table version is incomplete (version {v:?}, version_etag {e:?})"),
@@ -112,7 +120,9 @@ fn text(value: Option<String>, column: &str) -> std::result::Result<String, Stri
 }
 
 /// Decodes one entry row. `Err` carries the silo key (if readable) and what is wrong.
-pub(crate) fn decode_entry(row: EntryRow) -> std::result::Result<StoredEntry, (Option<String>, String)> {
+pub(crate) fn decode_entry(
+    row: EntryRow,
+) -> std::result::Result<StoredEntry, (Option<String>, String)> {
     let key = row.silo.clone();
     let fail = |reason: String| (key.clone(), reason);
     let silo = required(row.silo, "silo").map_err(fail)?;
@@ -121,7 +131,8 @@ pub(crate) fn decode_entry(row: EntryRow) -> std::result::Result<StoredEntry, (O
         .map_err(|e: MembershipError| fail(format!("the row key is not a silo address: {e}")))?;
     let etag = required(row.etag, "etag").map_err(fail)?;
     let code = required(row.status, "status").map_err(fail)?;
-    let status = SiloStatus::from_code(code).ok_or_else(|| fail(format!("unknown status number {code}")))?;
+    let status =
+        SiloStatus::from_code(code).ok_or_else(|| fail(format!("unknown status number {code}")))?;
     let suspect_times = required(row.suspect_times, "suspect_times")
         .map_err(fail)?
         .into_iter()
@@ -140,7 +151,8 @@ pub(crate) fn decode_entry(row: EntryRow) -> std::result::Result<StoredEntry, (O
         .collect::<std::result::Result<Vec<_>, String>>()
         .map_err(fail)?;
     let port = required(row.proxy_port, "proxy_port").map_err(fail)?;
-    let proxy_port = u16::try_from(port).map_err(|_| fail(format!("proxy_port {port} is not a port number")))?;
+    let proxy_port =
+        u16::try_from(port).map_err(|_| fail(format!("proxy_port {port} is not a port number")))?;
     let entry = MembershipEntry {
         address,
         status,
@@ -152,15 +164,24 @@ pub(crate) fn decode_entry(row: EntryRow) -> std::result::Result<StoredEntry, (O
         update_zone: required(row.update_zone, "update_zone").map_err(fail)?,
         fault_zone: required(row.fault_zone, "fault_zone").map_err(fail)?,
         start_time: Timestamp::from_millis(required(row.start_time, "start_time").map_err(fail)?.0),
-        i_am_alive_time: Timestamp::from_millis(required(row.i_am_alive, "i_am_alive").map_err(fail)?.0),
+        i_am_alive_time: Timestamp::from_millis(
+            required(row.i_am_alive, "i_am_alive").map_err(fail)?.0,
+        ),
     };
     Ok(StoredEntry { entry, etag })
 }
 
-/// The I-am-alive time a read reports: the later of the entry's own and its heartbeat element.
-pub(crate) fn merge_heartbeat(mut entry: MembershipEntry, heartbeat: Option<CqlTimestamp>) -> MembershipEntry {
-    if let Some(h) = heartbeat {
-        entry.i_am_alive_time = entry.i_am_alive_time.max(Timestamp::from_millis(h.0));
+/// The I-am-alive time a read reports: the later of the entry's own and its heartbeat element,
+/// if that element was written for this incarnation (same start time). An element of an earlier
+/// incarnation at the same address, or a damaged one, is ignored.
+pub(crate) fn merge_heartbeat(
+    mut entry: MembershipEntry,
+    heartbeat: Option<StoredHeartbeat>,
+) -> MembershipEntry {
+    if let Some((Some(start), Some(time))) = heartbeat
+        && start.0 == entry.start_time.as_millis()
+    {
+        entry.i_am_alive_time = entry.i_am_alive_time.max(Timestamp::from_millis(time.0));
     }
     entry
 }
@@ -199,19 +220,36 @@ mod tests {
         let cases: Vec<(Box<dyn Fn(&mut EntryRow)>, &str)> = vec![
             (Box::new(|r| r.status = Some(42)), "unknown status"),
             (Box::new(|r| r.status = None), "status is null"),
-            (Box::new(|r| r.silo = Some("garbage".into())), "not a silo address"),
+            (
+                Box::new(|r| r.silo = Some("garbage".into())),
+                "not a silo address",
+            ),
             (Box::new(|r| r.silo = None), "silo is null"),
             (Box::new(|r| r.proxy_port = Some(-1)), "not a port"),
             (Box::new(|r| r.start_time = None), "start_time is null"),
-            (Box::new(|r| r.suspect_times = Some(vec![(None, Some(CqlTimestamp(1)))])), "no suspecting silo"),
-            (Box::new(|r| r.suspect_times = Some(vec![(Some("x".into()), Some(CqlTimestamp(1)))])), "suspect_times[0]"),
-            (Box::new(|r| r.suspect_times = Some(vec![(Some("1.2.3.4:5@6".into()), None)])), "no time"),
+            (
+                Box::new(|r| r.suspect_times = Some(vec![(None, Some(CqlTimestamp(1)))])),
+                "no suspecting silo",
+            ),
+            (
+                Box::new(|r| {
+                    r.suspect_times = Some(vec![(Some("x".into()), Some(CqlTimestamp(1)))])
+                }),
+                "suspect_times[0]",
+            ),
+            (
+                Box::new(|r| r.suspect_times = Some(vec![(Some("1.2.3.4:5@6".into()), None)])),
+                "no time",
+            ),
         ];
         for (damage, expected) in cases {
             let mut row = good_row();
             damage(&mut row);
             let (_, reason) = decode_entry(row).unwrap_err();
-            assert!(reason.contains(expected), "{reason:?} should mention {expected:?}");
+            assert!(
+                reason.contains(expected),
+                "{reason:?} should mention {expected:?}"
+            );
         }
     }
 
@@ -221,6 +259,9 @@ mod tests {
         assert!(decode_version(Some(1), None).is_err());
         assert!(decode_version(None, Some(Uuid::nil())).is_err());
         assert!(decode_version(Some(-1), Some(Uuid::nil())).is_err());
-        assert_eq!(decode_version(Some(7), Some(Uuid::nil())).unwrap().version, 7);
+        assert_eq!(
+            decode_version(Some(7), Some(Uuid::nil())).unwrap().version,
+            7
+        );
     }
 }

@@ -18,7 +18,6 @@ const READ_ROW: &str = include_str!("../../cql/read_row.cql");
 const INSERT_ENTRY: &str = include_str!("../../cql/insert_entry.cql");
 const UPDATE_ENTRY: &str = include_str!("../../cql/update_entry.cql");
 const WRITE_VERSION: &str = include_str!("../../cql/write_version.cql");
-const CLEAR_HEARTBEAT: &str = include_str!("../../cql/clear_heartbeat.cql");
 const HEARTBEAT: &str = include_str!("../../cql/heartbeat.cql");
 const DELETE_ENTRY: &str = include_str!("../../cql/delete_entry.cql");
 const DELETE_HEARTBEAT_BEFORE: &str = include_str!("../../cql/delete_heartbeat_before.cql");
@@ -41,7 +40,10 @@ pub(crate) fn bind_table(cql: &str, qualified_table: &str) -> String {
 }
 
 /// The DDL creating the keyspace, from validated options.
-pub(crate) fn create_keyspace_cql(keyspace: &str, replication: &BTreeMap<String, String>) -> String {
+pub(crate) fn create_keyspace_cql(
+    keyspace: &str,
+    replication: &BTreeMap<String, String>,
+) -> String {
     // Keys and values were validated to letters, digits, '.', '_' and '-': no quote can occur.
     let map = replication
         .iter()
@@ -54,7 +56,11 @@ pub(crate) fn create_keyspace_cql(keyspace: &str, replication: &BTreeMap<String,
 }
 
 /// The DDL creating the table, from validated options.
-pub(crate) fn create_table_cql(qualified_table: &str, default_ttl: u64, gc_grace_seconds: u64) -> String {
+pub(crate) fn create_table_cql(
+    qualified_table: &str,
+    default_ttl: u64,
+    gc_grace_seconds: u64,
+) -> String {
     bind_table(CREATE_TABLE, qualified_table)
         .replace("{default_time_to_live}", &default_ttl.to_string())
         .replace("{gc_grace_seconds}", &gc_grace_seconds.to_string())
@@ -71,7 +77,7 @@ pub(crate) struct Statements {
     pub(crate) heartbeat: PreparedStatement,
     pub(crate) delete_heartbeat_before: PreparedStatement,
     pub(crate) delete_entry: PreparedStatement,
-    /// insert_entry + write_version + clear_heartbeat.
+    /// insert_entry + write_version.
     pub(crate) insert_batch: Batch,
     /// update_entry + write_version (also the lease renewal).
     pub(crate) update_batch: Batch,
@@ -82,7 +88,9 @@ pub(crate) struct Statements {
 
 impl std::fmt::Debug for Statements {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Statements").field("profile", &self.profile).finish_non_exhaustive()
+        f.debug_struct("Statements")
+            .field("profile", &self.profile)
+            .finish_non_exhaustive()
     }
 }
 
@@ -116,7 +124,6 @@ impl Statements {
         let insert_entry = prep(INSERT_ENTRY, commit).await?;
         let update_entry = prep(UPDATE_ENTRY, commit).await?;
         let write_version = prep(WRITE_VERSION, commit).await?;
-        let clear_heartbeat = prep(CLEAR_HEARTBEAT, commit).await?;
         let mut heartbeat = prep(HEARTBEAT, commit).await?;
         // A heartbeat is a plain write with an explicit timestamp: repeating it is harmless.
         heartbeat.set_is_idempotent(true);
@@ -131,7 +138,7 @@ impl Statements {
             heartbeat,
             delete_heartbeat_before,
             delete_entry: prep(DELETE_ENTRY, commit).await?,
-            insert_batch: batch(profile, request_timeout, [&insert_entry, &write_version, &clear_heartbeat]),
+            insert_batch: batch(profile, request_timeout, [&insert_entry, &write_version]),
             update_batch: batch(profile, request_timeout, [&update_entry, &write_version]),
             delete_row: prep(DELETE_ROW, commit).await?,
             delete_statics: prep(DELETE_STATICS, commit).await?,
@@ -157,7 +164,9 @@ fn idempotent(mut p: PreparedStatement) -> PreparedStatement {
 fn levels(profile: ConsistencyProfile) -> (Consistency, SerialConsistency) {
     match profile {
         ConsistencyProfile::Quorum => (Consistency::Quorum, SerialConsistency::Serial),
-        ConsistencyProfile::LocalQuorum => (Consistency::LocalQuorum, SerialConsistency::LocalSerial),
+        ConsistencyProfile::LocalQuorum => {
+            (Consistency::LocalQuorum, SerialConsistency::LocalSerial)
+        }
     }
 }
 

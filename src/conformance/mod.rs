@@ -76,7 +76,10 @@ pub async fn read_all_on_empty_table<H: Harness + ?Sized>(h: &H) {
     let s = t.read_all().await.unwrap();
     assert!(s.rows.is_empty());
     assert_eq!(s.version.version, 0);
-    assert!(!s.version.etag.is_absent(), "initialize(true) must store a version tag");
+    assert!(
+        !s.version.etag.is_absent(),
+        "initialize(true) must store a version tag"
+    );
 }
 
 /// 2. Insert with `next()` succeeds; the version becomes 1; one member.
@@ -97,7 +100,10 @@ async fn duplicate_and_stale_inserts<H: Harness + ?Sized>(h: &H, via_read_all: b
     let e = new_entry(Timestamp::now());
     let next = v0.next();
     assert!(t.insert_row(&e, &next).await.unwrap());
-    assert!(!t.insert_row(&e, &next).await.unwrap(), "the same insert twice must fail");
+    assert!(
+        !t.insert_row(&e, &next).await.unwrap(),
+        "the same insert twice must fail"
+    );
     let other = new_entry(Timestamp::now());
     assert!(
         !t.insert_row(&other, &next).await.unwrap(),
@@ -114,7 +120,10 @@ async fn duplicate_and_stale_inserts<H: Harness + ?Sized>(h: &H, via_read_all: b
         t.read_row(&e.address).await.unwrap()
     };
     assert_eq!(s.version.version, 1);
-    assert_ne!(s.version.etag, next.etag, "the table tag must change on insert");
+    assert_ne!(
+        s.version.etag, next.etag,
+        "the table tag must change on insert"
+    );
     let row = one_row(&s);
     assert!(!row.etag.is_absent());
     assert_eq!(row.entry, e);
@@ -164,7 +173,11 @@ pub async fn update_row_rounds<H: Harness + ?Sized>(h: &H) {
         let stored = one_row(&after);
         assert_eq!(stored.entry, e, "every field must read back as written");
         assert_ne!(stored.etag, row_etag);
-        assert!(!t.update_row(&e, &row_etag, &after.version.next()).await.unwrap());
+        assert!(
+            !t.update_row(&e, &row_etag, &after.version.next())
+                .await
+                .unwrap()
+        );
         assert_eq!(
             one_row(&t.read_row(&e.address).await.unwrap()).etag,
             stored.etag,
@@ -184,7 +197,11 @@ pub async fn parallel_inserts_and_update_loops<H: Harness + ?Sized>(h: &H) {
         let (t, e, v) = (Arc::clone(&t), e.clone(), v.clone());
         tokio::spawn(async move { t.insert_row(&e, &v).await.unwrap() })
     });
-    let wins = futures_join(inserts).await.into_iter().filter(|w| *w).count();
+    let wins = futures_join(inserts)
+        .await
+        .into_iter()
+        .filter(|w| *w)
+        .count();
     assert_eq!(wins, 1, "exactly one of 20 concurrent inserts must win");
 
     let workers = (0..19).map(|_| {
@@ -197,10 +214,16 @@ pub async fn parallel_inserts_and_update_loops<H: Harness + ?Sized>(h: &H) {
                 let row = one_row(&s).clone();
                 let mut entry = row.entry.clone();
                 entry.status = SiloStatus::Active;
-                if t.update_row(&entry, &row.etag, &s.version.next()).await.unwrap() {
+                if t.update_row(&entry, &row.etag, &s.version.next())
+                    .await
+                    .unwrap()
+                {
                     return;
                 }
-                assert!(tokio::time::Instant::now() < deadline, "update loop did not finish in 60 s");
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "update loop did not finish in 60 s"
+                );
                 tokio::time::sleep(Duration::from_millis(rand::random_range(1..20))).await;
             }
         })
@@ -220,14 +243,21 @@ pub async fn i_am_alive_does_not_move_version<H: Harness + ?Sized>(h: &H) {
     let before = t.read_row(&e.address).await.unwrap();
     let alive = e.i_am_alive_time.saturating_add(Duration::from_secs(5));
     let outcome = t.update_i_am_alive(&e.address, alive).await.unwrap();
-    assert!(matches!(outcome, HeartbeatOutcome::Refreshed { .. }), "{outcome:?}");
+    assert!(
+        matches!(outcome, HeartbeatOutcome::Refreshed { .. }),
+        "{outcome:?}"
+    );
     let after = t.read_row(&e.address).await.unwrap();
     assert_eq!(one_row(&after).entry.i_am_alive_time, alive);
     assert_eq!(after.version, before.version);
     assert_eq!(one_row(&after).etag, one_row(&before).etag);
     let mut expected = e.clone();
     expected.i_am_alive_time = alive;
-    assert_eq!(one_row(&after).entry, expected, "only the I-am-alive time may change");
+    assert_eq!(
+        one_row(&after).entry,
+        expected,
+        "only the I-am-alive time may change"
+    );
 }
 
 /// 8. Cleanup of defunct entries leaves exactly the fresh Joining and the old Active one.
@@ -279,11 +309,26 @@ pub async fn cleanup_counts_suspicions_and_heartbeats<H: Harness + ?Sized>(h: &H
         let v = t.read_all().await.unwrap().version;
         assert!(t.insert_row(e, &v.next()).await.unwrap());
     }
-    t.update_i_am_alive(&heartbeating.address, now).await.unwrap();
-    let removed = t.cleanup_defunct(now.saturating_sub(Duration::from_secs(3600))).await.unwrap();
+    t.update_i_am_alive(&heartbeating.address, now)
+        .await
+        .unwrap();
+    let removed = t
+        .cleanup_defunct(now.saturating_sub(Duration::from_secs(3600)))
+        .await
+        .unwrap();
     assert_eq!(removed, 1);
-    let left: BTreeSet<_> = t.read_all().await.unwrap().rows.iter().map(|r| r.entry.address).collect();
-    assert_eq!(left, BTreeSet::from([suspected.address, heartbeating.address]));
+    let left: BTreeSet<_> = t
+        .read_all()
+        .await
+        .unwrap()
+        .rows
+        .iter()
+        .map(|r| r.entry.address)
+        .collect();
+    assert_eq!(
+        left,
+        BTreeSet::from([suspected.address, heartbeating.address])
+    );
 }
 
 /// `update_row` on a missing row returns false and creates nothing.
@@ -306,7 +351,11 @@ pub async fn update_with_wrong_row_etag_fails<H: Harness + ?Sized>(h: &H) {
     assert!(t.insert_row(&e, &v.next()).await.unwrap());
     let s = t.read_all().await.unwrap();
     let changed = e.clone().with_status(SiloStatus::Active);
-    assert!(!t.update_row(&changed, &ETag::random(), &s.version.next()).await.unwrap());
+    assert!(
+        !t.update_row(&changed, &ETag::random(), &s.version.next())
+            .await
+            .unwrap()
+    );
     let after = t.read_all().await.unwrap();
     assert_eq!(after, s, "a rejected update must change nothing");
 }
@@ -315,7 +364,10 @@ pub async fn update_with_wrong_row_etag_fails<H: Harness + ?Sized>(h: &H) {
 pub async fn heartbeat_on_missing_entry_reports_not_found<H: Harness + ?Sized>(h: &H) {
     let t = fresh(h, "alive-missing").await;
     let e = new_entry(Timestamp::now());
-    let outcome = t.update_i_am_alive(&e.address, Timestamp::now()).await.unwrap();
+    let outcome = t
+        .update_i_am_alive(&e.address, Timestamp::now())
+        .await
+        .unwrap();
     assert_eq!(outcome, HeartbeatOutcome::NotFound);
     let v = t.read_all().await.unwrap().version;
     assert!(t.read_all().await.unwrap().rows.is_empty());
@@ -330,8 +382,14 @@ pub async fn heartbeat_on_dead_entry_reports_declared_dead<H: Harness + ?Sized>(
     let v = t.read_all().await.unwrap().version;
     let e = new_entry(Timestamp::now()).with_status(SiloStatus::Dead);
     assert!(t.insert_row(&e, &v.next()).await.unwrap());
-    let outcome = t.update_i_am_alive(&e.address, Timestamp::now()).await.unwrap();
-    assert!(matches!(outcome, HeartbeatOutcome::DeclaredDead { .. }), "{outcome:?}");
+    let outcome = t
+        .update_i_am_alive(&e.address, Timestamp::now())
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, HeartbeatOutcome::DeclaredDead { .. }),
+        "{outcome:?}"
+    );
 }
 
 /// The I-am-alive time only moves forward, whichever call wrote it.
@@ -342,14 +400,20 @@ pub async fn i_am_alive_time_only_moves_forward<H: Harness + ?Sized>(h: &H) {
     assert!(t.insert_row(&e, &v.next()).await.unwrap());
     let later = e.i_am_alive_time.saturating_add(Duration::from_secs(10));
     t.update_i_am_alive(&e.address, later).await.unwrap();
-    t.update_i_am_alive(&e.address, e.i_am_alive_time).await.unwrap();
+    t.update_i_am_alive(&e.address, e.i_am_alive_time)
+        .await
+        .unwrap();
     let s = t.read_row(&e.address).await.unwrap();
     assert_eq!(one_row(&s).entry.i_am_alive_time, later);
     // An update carrying an older time does not move it back either.
     let row = one_row(&s).clone();
     let mut changed = e.clone().with_status(SiloStatus::Active);
     changed.i_am_alive_time = e.i_am_alive_time;
-    assert!(t.update_row(&changed, &row.etag, &s.version.next()).await.unwrap());
+    assert!(
+        t.update_row(&changed, &row.etag, &s.version.next())
+            .await
+            .unwrap()
+    );
     let after = t.read_row(&e.address).await.unwrap();
     assert_eq!(one_row(&after).entry.status, SiloStatus::Active);
     assert_eq!(one_row(&after).entry.i_am_alive_time, later);
@@ -361,7 +425,10 @@ pub async fn full_field_round_trip<H: Harness + ?Sized>(h: &H) {
     let t = fresh(h, "fields").await;
     let v = t.read_all().await.unwrap().version;
     let now = Timestamp::now();
-    let address = SiloAddress::new(SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), 65535), i32::MIN);
+    let address = SiloAddress::new(
+        SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), 65535),
+        i32::MIN,
+    );
     let e = MembershipEntry {
         address,
         status: SiloStatus::ShuttingDown,
@@ -400,20 +467,30 @@ pub async fn delete_cluster_isolated_and_reusable<H: Harness + ?Sized>(h: &H) {
     for t in [&a, &b] {
         let v = t.read_all().await.unwrap().version;
         assert!(t.insert_row(&e, &v.next()).await.unwrap());
-        t.update_i_am_alive(&e.address, Timestamp::now()).await.unwrap();
+        t.update_i_am_alive(&e.address, Timestamp::now())
+            .await
+            .unwrap();
     }
     let b_before = b.read_all().await.unwrap();
     b.delete_cluster(&id_a).await.unwrap();
     let a_after = a.read_all().await.unwrap();
     assert!(a_after.rows.is_empty());
     assert_eq!(a_after.version.version, 0);
-    assert_eq!(b.read_all().await.unwrap(), b_before, "another cluster must be untouched");
+    assert_eq!(
+        b.read_all().await.unwrap(),
+        b_before,
+        "another cluster must be untouched"
+    );
     a.initialize(true).await.unwrap();
     let v = a.read_all().await.unwrap().version;
     assert_eq!(v.version, 0);
     assert!(a.insert_row(&e, &v.next()).await.unwrap());
     let s = a.read_all().await.unwrap();
-    assert_eq!(one_row(&s).entry, e, "a re-inserted entry must not inherit old heartbeats");
+    assert_eq!(
+        one_row(&s).entry,
+        e,
+        "a re-inserted entry must not inherit old heartbeats"
+    );
     assert_eq!(s.version.version, 1);
 }
 
@@ -432,7 +509,10 @@ pub async fn concurrent_initialize_is_idempotent<H: Harness + ?Sized>(h: &H) {
     assert!(t.insert_row(&e, &v.next()).await.unwrap());
     t.initialize(true).await.unwrap();
     let s = t.read_all().await.unwrap();
-    assert_eq!(s.version.version, 1, "initialize must not reset an existing version");
+    assert_eq!(
+        s.version.version, 1,
+        "initialize must not reset an existing version"
+    );
     assert_eq!(s.rows.len(), 1);
 }
 
@@ -444,7 +524,17 @@ pub async fn absent_version_reads_as_zero<H: Harness + ?Sized>(h: &H) {
     let s = t.read_all().await.unwrap();
     assert_eq!(s.version, TableVersion::absent());
     let e = new_entry(Timestamp::now());
-    assert!(!t.insert_row(&e, &TableVersion { version: 1, etag: ETag::random() }).await.unwrap());
+    assert!(
+        !t.insert_row(
+            &e,
+            &TableVersion {
+                version: 1,
+                etag: ETag::random()
+            }
+        )
+        .await
+        .unwrap()
+    );
     assert!(t.insert_row(&e, &s.version.next()).await.unwrap());
     assert_eq!(t.read_all().await.unwrap().version.version, 1);
 }

@@ -10,7 +10,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use crate::model::{
-    ETag, MembershipEntry, MembershipSnapshot, SiloAddress, SiloStatus, SuspectTime, TableVersion, Timestamp,
+    ETag, MembershipEntry, MembershipSnapshot, SiloAddress, SiloStatus, SuspectTime, TableVersion,
+    Timestamp,
 };
 use crate::table::{HeartbeatOutcome, MembershipTable};
 
@@ -136,7 +137,13 @@ struct Model {
 #[derive(Clone, Debug)]
 enum Call {
     Insert(MembershipEntry, TableVersion, Option<u64>),
-    Update(MembershipEntry, ETag, Option<u64>, TableVersion, Option<u64>),
+    Update(
+        MembershipEntry,
+        ETag,
+        Option<u64>,
+        TableVersion,
+        Option<u64>,
+    ),
     Heartbeat(SiloAddress, Timestamp),
     Cleanup(Timestamp),
     ReadRow(SiloAddress),
@@ -190,7 +197,11 @@ impl Model {
                 None => Answer::Heartbeat("not_found"),
                 Some((e, _, hb)) => {
                     *hb = Some(hb.map_or(*time, |h| h.max(*time)));
-                    Answer::Heartbeat(if e.status == SiloStatus::Dead { "dead" } else { "refreshed" })
+                    Answer::Heartbeat(if e.status == SiloStatus::Dead {
+                        "dead"
+                    } else {
+                        "refreshed"
+                    })
                 }
             },
             Call::Cleanup(before) => {
@@ -231,7 +242,11 @@ impl Tags {
         match (choice, current) {
             (TagChoice::Current, Some(c)) => c.clone(),
             (TagChoice::Stale, _) => {
-                let stale: Vec<_> = self.history.iter().filter(|t| Some(*t) != current).collect();
+                let stale: Vec<_> = self
+                    .history
+                    .iter()
+                    .filter(|t| Some(*t) != current)
+                    .collect();
                 if stale.is_empty() {
                     ETag::random()
                 } else {
@@ -245,23 +260,42 @@ impl Tags {
 
 fn address(silo: u8) -> SiloAddress {
     SiloAddress::new(
-        SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), 20000 + u16::from(silo)),
+        SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)),
+            20000 + u16::from(silo),
+        ),
         7,
     )
 }
 
 async fn run_call(table: &dyn MembershipTable, call: &Call) -> Result<Answer, String> {
     let r = match call {
-        Call::Insert(e, v, _) => Answer::Applied(table.insert_row(e, v).await.map_err(|e| e.to_string())?),
-        Call::Update(e, etag, _, v, _) => {
-            Answer::Applied(table.update_row(e, etag, v).await.map_err(|e| e.to_string())?)
+        Call::Insert(e, v, _) => {
+            Answer::Applied(table.insert_row(e, v).await.map_err(|e| e.to_string())?)
         }
-        Call::Heartbeat(a, t) => Answer::Heartbeat(match table.update_i_am_alive(a, *t).await.map_err(|e| e.to_string())? {
-            HeartbeatOutcome::NotFound => "not_found",
-            HeartbeatOutcome::DeclaredDead { .. } => "dead",
-            HeartbeatOutcome::Refreshed { .. } => "refreshed",
-        }),
-        Call::Cleanup(before) => Answer::Removed(table.cleanup_defunct(*before).await.map_err(|e| e.to_string())?),
+        Call::Update(e, etag, _, v, _) => Answer::Applied(
+            table
+                .update_row(e, etag, v)
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+        Call::Heartbeat(a, t) => Answer::Heartbeat(
+            match table
+                .update_i_am_alive(a, *t)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                HeartbeatOutcome::NotFound => "not_found",
+                HeartbeatOutcome::DeclaredDead { .. } => "dead",
+                HeartbeatOutcome::Refreshed { .. } => "refreshed",
+            },
+        ),
+        Call::Cleanup(before) => Answer::Removed(
+            table
+                .cleanup_defunct(*before)
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
         Call::ReadRow(a) => {
             let s = table.read_row(a).await.map_err(|e| e.to_string())?;
             Answer::Row(s.rows.first().map(|r| r.entry.clone()), s.version.version)
@@ -271,9 +305,16 @@ async fn run_call(table: &dyn MembershipTable, call: &Call) -> Result<Answer, St
 }
 
 /// Compares the backend's full state with the model's, and binds newly seen tags.
-fn compare_state(snapshot: &MembershipSnapshot, model: &Model, tags: &mut Tags) -> Result<(), String> {
+fn compare_state(
+    snapshot: &MembershipSnapshot,
+    model: &Model,
+    tags: &mut Tags,
+) -> Result<(), String> {
     if snapshot.version.version != model.version {
-        return Err(format!("version {} != model {}", snapshot.version.version, model.version));
+        return Err(format!(
+            "version {} != model {}",
+            snapshot.version.version, model.version
+        ));
     }
     let real: Vec<_> = snapshot.rows.iter().map(|r| r.entry.address).collect();
     let expected: Vec<_> = model.rows.keys().copied().collect();
@@ -287,7 +328,9 @@ fn compare_state(snapshot: &MembershipSnapshot, model: &Model, tags: &mut Tags) 
         }
         let model_tag = model.rows[&row.entry.address].1;
         match tags.to_model.get(&row.etag) {
-            Some(t) if *t != model_tag => return Err(format!("row tag of {} is stale", row.entry.address)),
+            Some(t) if *t != model_tag => {
+                return Err(format!("row tag of {} is stale", row.entry.address));
+            }
             _ => tags.bind(&row.etag, model_tag),
         }
     }
@@ -353,12 +396,20 @@ pub async fn check(table: Arc<dyn MembershipTable>, steps: &[Step]) -> Result<()
             for &k in &order {
                 got[k] = Some(m.apply(&calls[k]));
             }
-            let got: Vec<Answer> = got.into_iter().map(|a| a.expect("every call applied")).collect();
-            if got == answers && compare_state(&after, &m, &mut Tags {
-                to_model: tags.to_model.clone(),
-                history: Vec::new(),
-            })
-            .is_ok()
+            let got: Vec<Answer> = got
+                .into_iter()
+                .map(|a| a.expect("every call applied"))
+                .collect();
+            if got == answers
+                && compare_state(
+                    &after,
+                    &m,
+                    &mut Tags {
+                        to_model: tags.to_model.clone(),
+                        history: Vec::new(),
+                    },
+                )
+                .is_ok()
             {
                 explained = Some(m);
                 break;
@@ -393,7 +444,11 @@ fn resolve(
         )
     };
     match *op {
-        Op::Insert { silo, status, version } => {
+        Op::Insert {
+            silo,
+            status,
+            version,
+        } => {
             let mut e = MembershipEntry::new(
                 address(silo),
                 SiloStatus::from_code(i32::from(status)).unwrap_or(SiloStatus::Joining),
@@ -403,7 +458,13 @@ fn resolve(
             let (v, vt) = version_for(version);
             Call::Insert(e, v, vt)
         }
-        Op::Update { silo, status, suspect, row, version } => {
+        Op::Update {
+            silo,
+            status,
+            suspect,
+            row,
+            version,
+        } => {
             let a = address(silo);
             let current = snapshot.get(&a);
             let mut e = current
@@ -424,12 +485,13 @@ fn resolve(
             let (v, vt) = version_for(version);
             Call::Update(e, row_etag, row_tag.or(Some(u64::MAX)), v, vt)
         }
-        Op::Heartbeat { silo, offset_ms } => {
-            Call::Heartbeat(address(silo), base.saturating_add(Duration::from_millis(u64::from(offset_ms))))
-        }
-        Op::Cleanup { offset_ms } => Call::Cleanup(
-            start.saturating_add(Duration::from_millis(u64::from(offset_ms) * 10)),
+        Op::Heartbeat { silo, offset_ms } => Call::Heartbeat(
+            address(silo),
+            base.saturating_add(Duration::from_millis(u64::from(offset_ms))),
         ),
+        Op::Cleanup { offset_ms } => {
+            Call::Cleanup(start.saturating_add(Duration::from_millis(u64::from(offset_ms) * 10)))
+        }
         Op::ReadRow { silo } => Call::ReadRow(address(silo)),
     }
 }

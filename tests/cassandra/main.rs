@@ -1,0 +1,9 @@
+//! Tests against a real Cassandra node. One binary, one module per area (like the driver's own
+//! integration tests). The node is found through `CASSANDRA_CONTACT_POINTS` (default
+//! `127.0.0.1:9042`); `scripts/test.sh` starts one. A test fails loudly when no node answers.
+
+mod utils;
+
+mod conformance;
+mod provider;
+mod smoke;

@@ -1,0 +1,1 @@
+//! Cassandra-specific behaviour of the provider.

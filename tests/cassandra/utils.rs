@@ -1,0 +1,86 @@
+//! Shared test plumbing: the node's address, sessions, a keyspace per run, unique names.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cassandra_membership::{CassandraClusteringOptions, CassandraMembershipTable};
+use scylla::client::session::Session;
+use scylla::client::session_builder::SessionBuilder;
+use tokio::sync::OnceCell;
+
+/// The keyspace every test table lives in.
+pub(crate) const KEYSPACE: &str = "cm_test";
+
+pub(crate) fn contact_points() -> Vec<String> {
+    std::env::var("CASSANDRA_CONTACT_POINTS")
+        .unwrap_or_else(|_| "127.0.0.1:9042".into())
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// A new session. Panics with instructions when no node answers: these tests never skip.
+pub(crate) async fn session() -> Arc<Session> {
+    let points = contact_points();
+    match SessionBuilder::new()
+        .known_nodes(&points)
+        .connection_timeout(Duration::from_secs(5))
+        .build()
+        .await
+    {
+        Ok(s) => Arc::new(s),
+        Err(e) => panic!(
+            "no Cassandra node answers at {points:?} ({e}). Start one with `scripts/cassandra.sh start` \
+             or run the whole suite with `scripts/test.sh`; set CASSANDRA_CONTACT_POINTS for another node."
+        ),
+    }
+}
+
+static KEYSPACE_READY: OnceCell<()> = OnceCell::const_new();
+
+/// The replication factor the test keyspace uses: 1 for one node, 3 with three.
+pub(crate) fn replication_factor() -> u32 {
+    std::env::var("CASSANDRA_RF")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
+/// A session with the test keyspace created.
+pub(crate) async fn session_with_keyspace() -> Arc<Session> {
+    let s = session().await;
+    KEYSPACE_READY
+        .get_or_init(|| async {
+            let cql = format!(
+                "CREATE KEYSPACE IF NOT EXISTS {KEYSPACE} WITH replication = \
+                 {{'class': 'SimpleStrategy', 'replication_factor': {}}}",
+                replication_factor()
+            );
+            s.query_unpaged(cql, ())
+                .await
+                .expect("create the test keyspace");
+            s.await_schema_agreement().await.expect("schema agreement");
+        })
+        .await;
+    s
+}
+
+/// A name nobody else uses in this run.
+pub(crate) fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Options for a unique cluster in the shared test table.
+pub(crate) fn options(cluster_id: &str) -> CassandraClusteringOptions {
+    CassandraClusteringOptions::new(KEYSPACE, "test-service", cluster_id)
+        .contact_points(contact_points())
+}
+
+/// An uninitialized table for `cluster_id` on `session`.
+pub(crate) fn table_on(
+    session: &Arc<Session>,
+    options: CassandraClusteringOptions,
+) -> CassandraMembershipTable {
+    CassandraMembershipTable::with_session(Arc::clone(session), options).expect("valid options")
+}
