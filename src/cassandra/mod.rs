@@ -287,7 +287,7 @@ impl PartitionRead {
                 etag: ETag::new(s.etag.to_string()),
             })
             .collect();
-        rows.sort_by(|a, b| a.entry.address.cmp(&b.entry.address));
+        rows.sort_by_key(|r| r.entry.address);
         MembershipSnapshot {
             rows,
             version: self.version.clone(),
@@ -1019,7 +1019,19 @@ impl MembershipTable for CassandraMembershipTable {
     #[instrument(level = "info", skip(self), fields(table = %self.shared.qualified, cluster = %self.cluster_id))]
     async fn initialize(&self, try_init_version: bool) -> Result<()> {
         self.ensure_schema().await?;
-        let st = self.statements().await?;
+        // Another silo may have just created the table: its schema can be listed a moment before
+        // the node serves it, so preparing is retried for a short while.
+        let mut attempt = 0;
+        let st = loop {
+            match self.statements().await {
+                Ok(st) => break st,
+                Err(MembershipError::SchemaMismatch { .. }) if attempt < 40 => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
         if !try_init_version {
             return Ok(());
         }

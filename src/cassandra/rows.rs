@@ -217,7 +217,8 @@ mod tests {
 
     #[test]
     fn damaged_rows_give_reasons_not_panics() {
-        let cases: Vec<(Box<dyn Fn(&mut EntryRow)>, &str)> = vec![
+        type Damage = Box<dyn Fn(&mut EntryRow)>;
+        let cases: Vec<(Damage, &str)> = vec![
             (Box::new(|r| r.status = Some(42)), "unknown status"),
             (Box::new(|r| r.status = None), "status is null"),
             (

@@ -70,7 +70,7 @@ fn one_row(s: &MembershipSnapshot) -> &crate::model::MembershipRow {
     &s.rows[0]
 }
 
-/// 1. Reading an empty table: no members, version 0, a version tag present.
+/// (Orleans case 1) Reading an empty table: no members, version 0, a version tag present.
 pub async fn read_all_on_empty_table<H: Harness + ?Sized>(h: &H) {
     let t = fresh(h, "empty").await;
     let s = t.read_all().await.unwrap();
@@ -82,7 +82,7 @@ pub async fn read_all_on_empty_table<H: Harness + ?Sized>(h: &H) {
     );
 }
 
-/// 2. Insert with `next()` succeeds; the version becomes 1; one member.
+/// (Orleans case 2) Insert with `next()` succeeds; the version becomes 1; one member.
 pub async fn insert_row_moves_version<H: Harness + ?Sized>(h: &H) {
     let t = fresh(h, "insert").await;
     let v = t.read_all().await.unwrap().version;
@@ -130,17 +130,17 @@ async fn duplicate_and_stale_inserts<H: Harness + ?Sized>(h: &H, via_read_all: b
     assert!(t.read_row(&other.address).await.unwrap().rows.is_empty());
 }
 
-/// 3. Duplicate and stale inserts fail, read back through `read_row`.
+/// (Orleans case 3) Duplicate and stale inserts fail, read back through `read_row`.
 pub async fn duplicate_and_stale_inserts_fail_read_row<H: Harness + ?Sized>(h: &H) {
     duplicate_and_stale_inserts(h, false).await
 }
 
-/// 4. Duplicate and stale inserts fail, read back through `read_all`.
+/// (Orleans case 4) Duplicate and stale inserts fail, read back through `read_all`.
 pub async fn duplicate_and_stale_inserts_fail_read_all<H: Harness + ?Sized>(h: &H) {
     duplicate_and_stale_inserts(h, true).await
 }
 
-/// 5. Nine rounds of insert and update with suspect times; stale updates fail with no effect.
+/// (Orleans case 5) Nine rounds of insert and update with suspect times; stale updates fail with no effect.
 pub async fn update_row_rounds<H: Harness + ?Sized>(h: &H) {
     let t = fresh(h, "update").await;
     let now = Timestamp::now();
@@ -187,8 +187,8 @@ pub async fn update_row_rounds<H: Harness + ?Sized>(h: &H) {
     }
 }
 
-/// 6. 20 parallel inserts of one entry: exactly one wins. Then 19 workers loop
-/// read → update until each succeeded once: version 20, one member.
+/// (Orleans case 6) 20 parallel inserts of one entry: exactly one wins. Then 19 workers loop read → update
+/// until each succeeded once: version 20, one member.
 pub async fn parallel_inserts_and_update_loops<H: Harness + ?Sized>(h: &H) {
     let t = fresh(h, "parallel").await;
     let v = t.read_all().await.unwrap().version.next();
@@ -234,7 +234,7 @@ pub async fn parallel_inserts_and_update_loops<H: Harness + ?Sized>(h: &H) {
     assert_eq!(s.rows.len(), 1);
 }
 
-/// 7. A heartbeat stores the time and moves neither the version nor the row tag.
+/// (Orleans case 7) A heartbeat stores the time and moves neither the version nor the row tag.
 pub async fn i_am_alive_does_not_move_version<H: Harness + ?Sized>(h: &H) {
     let t = fresh(h, "alive").await;
     let v = t.read_all().await.unwrap().version;
@@ -260,7 +260,7 @@ pub async fn i_am_alive_does_not_move_version<H: Harness + ?Sized>(h: &H) {
     );
 }
 
-/// 8. Cleanup of defunct entries leaves exactly the fresh Joining and the old Active one.
+/// (Orleans case 8) Cleanup of defunct entries leaves exactly the fresh Joining and the old Active one.
 pub async fn cleanup_defunct_leaves_fresh_and_active<H: Harness + ?Sized>(h: &H) {
     let t = fresh(h, "cleanup").await;
     let now = Timestamp::now();

@@ -5,5 +5,6 @@
 mod utils;
 
 mod conformance;
+mod outcomes;
 mod provider;
 mod smoke;

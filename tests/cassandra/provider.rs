@@ -1,1 +1,376 @@
-//! Cassandra-specific behaviour of the provider.
+//! Cassandra-specific behaviour of the provider: schema, parallel initialization, isolation,
+//! damaged data, paging, statement costs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cassandra_membership::conformance::new_entry;
+use cassandra_membership::{
+    CassandraClusteringOptions, CassandraMembershipTable, HeartbeatOutcome, MembershipError,
+    MembershipTable, SiloStatus, Timestamp,
+};
+
+use crate::utils::{
+    KEYSPACE, contact_points, options, session, session_with_keyspace, table_on, unique,
+};
+
+async fn ready(
+    cluster: &str,
+) -> (
+    Arc<scylla::client::session::Session>,
+    CassandraMembershipTable,
+) {
+    let s = session_with_keyspace().await;
+    let t = table_on(&s, options(cluster));
+    t.initialize(true).await.unwrap();
+    (s, t)
+}
+
+async fn insert_next(t: &dyn MembershipTable, e: &cassandra_membership::MembershipEntry) {
+    let v = t.read_all().await.unwrap().version;
+    assert!(t.insert_row(e, &v.next()).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_tables_initialize_in_parallel_against_a_fresh_keyspace() {
+    let s = session().await;
+    let keyspace = unique("ks").replace('-', "_")[..30].to_owned();
+    let tasks: Vec<_> = (0..50)
+        .map(|i| {
+            let s = Arc::clone(&s);
+            let o = CassandraClusteringOptions::new(&keyspace, "svc", format!("c{i}"))
+                .contact_points(contact_points())
+                .create_keyspace_simple(1);
+            tokio::spawn(async move {
+                let t = CassandraMembershipTable::with_session(s, o).unwrap();
+                t.initialize(true).await.map(|_| t)
+            })
+        })
+        .collect();
+    let mut tables = Vec::new();
+    for task in tasks {
+        tables.push(
+            task.await
+                .unwrap()
+                .expect("every parallel initialize succeeds"),
+        );
+    }
+    for t in &tables {
+        let snapshot = t.read_all().await.unwrap();
+        assert_eq!(snapshot.version.version, 0);
+        assert!(!snapshot.version.etag.is_absent());
+    }
+    s.query_unpaged(format!("DROP KEYSPACE {keyspace}"), ())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn clusters_with_overlapping_addresses_stay_isolated() {
+    let (_, a) = ready(&unique("iso-a")).await;
+    let b = a.for_cluster(unique("iso-b")).unwrap();
+    b.initialize(true).await.unwrap();
+    let e = new_entry(Timestamp::now());
+    insert_next(&a, &e).await;
+    assert!(b.read_all().await.unwrap().rows.is_empty());
+    assert_eq!(
+        b.update_i_am_alive(&e.address, Timestamp::now())
+            .await
+            .unwrap(),
+        HeartbeatOutcome::NotFound
+    );
+    insert_next(&b, &e.clone()).await;
+    let dead = {
+        let mut d = e.clone();
+        d.status = SiloStatus::Dead;
+        d
+    };
+    let sa = a.read_all().await.unwrap();
+    assert!(
+        a.update_row(&dead, &sa.rows[0].etag, &sa.version.next())
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        b.read_all().await.unwrap().rows[0].entry.status,
+        SiloStatus::Joining
+    );
+    assert_eq!(
+        b.cleanup_defunct(Timestamp::now().saturating_add(Duration::from_secs(60)))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        a.read_all().await.unwrap().rows.len(),
+        1,
+        "cleanup of b never touches a"
+    );
+}
+
+#[tokio::test]
+async fn a_new_instance_reads_back_identically() {
+    let cluster = unique("reread");
+    let (_, t) = ready(&cluster).await;
+    let mut e = new_entry(Timestamp::now());
+    e.suspect_times.push(cassandra_membership::SuspectTime {
+        suspecting_silo: new_entry(Timestamp::now()).address,
+        time: Timestamp::now(),
+    });
+    insert_next(&t, &e).await;
+    t.update_i_am_alive(
+        &e.address,
+        Timestamp::now().saturating_add(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let written = t.read_all().await.unwrap();
+    drop(t);
+    let other = CassandraMembershipTable::connect(options(&cluster))
+        .await
+        .unwrap();
+    assert_eq!(other.read_all().await.unwrap(), written);
+    assert_eq!(other.read_row(&e.address).await.unwrap(), written);
+}
+
+/// Writes rows by hand, the way an older program or an operator might have.
+async fn hand_write(
+    s: &scylla::client::session::Session,
+    cluster: &str,
+    silo: &str,
+    assignments: &str,
+) {
+    let cql = format!(
+        "UPDATE {KEYSPACE}.membership SET {assignments} WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ?"
+    );
+    s.query_unpaged(cql, (cluster, silo)).await.unwrap();
+}
+
+#[tokio::test]
+async fn damaged_rows_are_skipped_by_read_all_and_reported_by_read_row() {
+    let cluster = unique("damaged");
+    let (s, t) = ready(&cluster).await;
+    let mut good = new_entry(Timestamp::now());
+    good.status = SiloStatus::Active;
+    insert_next(&t, &good).await;
+    let complete = "etag = uuid(), status = 6, suspect_times = [], proxy_port = 1, host_name = 'h', \
+                    silo_name = 's', role_name = 'r', update_zone = 0, fault_zone = 0, \
+                    start_time = toTimestamp(now()), i_am_alive = toTimestamp(now())";
+    let damages = [
+        (
+            "10.9.0.1:1@1",
+            complete.replace("status = 6", "status = 42"),
+        ),
+        ("10.9.0.2:1@1", complete.replace("host_name = 'h', ", "")),
+        (
+            "10.9.0.3:1@1",
+            complete.replace(
+                "suspect_times = []",
+                "suspect_times = [('not-a-silo', toTimestamp(now()))]",
+            ),
+        ),
+        (
+            "10.9.0.4:1@1",
+            complete.replace(
+                "suspect_times = []",
+                "suspect_times = [('10.0.0.1:1@1', null)]",
+            ),
+        ),
+        (
+            "10.9.0.5:1@1",
+            complete.replace("proxy_port = 1", "proxy_port = 70000"),
+        ),
+        ("not a silo address", complete.to_owned()),
+    ];
+    for (silo, assignments) in &damages {
+        hand_write(&s, &cluster, silo, assignments).await;
+    }
+    let snapshot = t
+        .read_all()
+        .await
+        .expect("damaged rows never fail the whole read");
+    assert_eq!(snapshot.rows.len(), 1, "only the intact row is returned");
+    assert_eq!(snapshot.rows[0].entry, good);
+    for (silo, _) in &damages[..5] {
+        match t.read_row(&silo.parse().unwrap()).await {
+            Err(MembershipError::CorruptData {
+                silo: Some(s),
+                reason,
+            }) => {
+                assert_eq!(&s, silo);
+                assert!(!reason.is_empty());
+            }
+            other => panic!("read_row of damaged {silo} returned {other:?}"),
+        }
+    }
+    // Cleanup leaves rows it cannot understand alone (they look Dead and old), and the intact
+    // one is still usable.
+    assert_eq!(
+        t.cleanup_defunct(Timestamp::now().saturating_add(Duration::from_secs(3600)))
+            .await
+            .unwrap(),
+        0
+    );
+    let stored = s
+        .query_unpaged(
+            format!("SELECT silo FROM {KEYSPACE}.membership WHERE service_id = 'test-service' AND cluster_id = ?"),
+            (&cluster,),
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap()
+        .rows_num();
+    assert_eq!(stored, damages.len() + 1);
+    let after = t.read_all().await.unwrap();
+    let mut changed = good.clone();
+    changed.status = SiloStatus::ShuttingDown;
+    assert!(
+        t.update_row(&changed, &after.rows[0].etag, &after.version.next())
+            .await
+            .unwrap()
+    );
+}
+
+#[tokio::test]
+async fn a_damaged_table_version_is_reported_as_corrupt() {
+    let cluster = unique("badversion");
+    let (s, t) = ready(&cluster).await;
+    s.query_unpaged(
+        format!("UPDATE {KEYSPACE}.membership SET version = -5 WHERE service_id = 'test-service' AND cluster_id = ?"),
+        (&cluster,),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        t.read_all().await,
+        Err(MembershipError::CorruptData { .. })
+    ));
+    s.query_unpaged(
+        format!("DELETE version_etag FROM {KEYSPACE}.membership WHERE service_id = 'test-service' AND cluster_id = ?"),
+        (&cluster,),
+    )
+    .await
+    .unwrap();
+    let e = new_entry(Timestamp::now());
+    match t.read_row(&e.address).await {
+        Err(MembershipError::CorruptData { reason, .. }) => {
+            assert!(reason.contains("incomplete"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reads_page_through_many_rows_and_stay_consistent() {
+    let cluster = unique("paging");
+    let s = session_with_keyspace().await;
+    let t = Arc::new(table_on(&s, options(&cluster).page_size(10)));
+    t.initialize(true).await.unwrap();
+    const ROWS: u64 = 45;
+    let writer = {
+        let t = Arc::clone(&t);
+        tokio::spawn(async move {
+            for _ in 0..ROWS {
+                insert_next(t.as_ref(), &new_entry(Timestamp::now())).await;
+            }
+        })
+    };
+    // Each insert adds one row and one version: any consistent view has as many rows as its
+    // version number, however many pages the read took and whatever was written meanwhile.
+    let mut reads = 0;
+    while !writer.is_finished() {
+        let snapshot = t.read_all().await.unwrap();
+        assert_eq!(
+            snapshot.rows.len() as u64,
+            snapshot.version.version,
+            "a read mixed two versions"
+        );
+        reads += 1;
+    }
+    writer.await.unwrap();
+    let last = t.read_all().await.unwrap();
+    assert_eq!(last.rows.len() as u64, ROWS);
+    assert_eq!(last.version.version, ROWS);
+    assert!(reads > 0);
+}
+
+#[tokio::test]
+async fn a_table_of_another_shape_is_a_schema_mismatch() {
+    let s = session_with_keyspace().await;
+    let name = unique("shape").replace('-', "_")[..20].to_owned();
+    s.query_unpaged(
+        format!(
+            "CREATE TABLE {KEYSPACE}.{name} (service_id text, cluster_id text, silo text, status text, \
+             PRIMARY KEY ((service_id, cluster_id), silo))"
+        ),
+        (),
+    )
+    .await
+    .unwrap();
+    s.await_schema_agreement().await.unwrap();
+    let t = table_on(&s, options("c").table(&name));
+    match t.initialize(true).await {
+        Err(MembershipError::SchemaMismatch { table, detail }) => {
+            assert_eq!(table, format!("\"{KEYSPACE}\".\"{name}\""));
+            assert!(
+                detail.contains("column status is regular text, expected regular int"),
+                "{detail}"
+            );
+            assert!(detail.contains("column etag is missing"), "{detail}");
+        }
+        other => panic!("{other:?}"),
+    }
+    s.query_unpaged(format!("DROP TABLE {KEYSPACE}.{name}"), ())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn invalid_identifiers_are_rejected_before_any_statement() {
+    let s = session().await;
+    for bad in ["x\"; DROP KEYSPACE cm_test; --", "ks.tbl", ""] {
+        let err = CassandraMembershipTable::with_session(Arc::clone(&s), options("c").table(bad))
+            .unwrap_err();
+        assert!(
+            matches!(err, MembershipError::InvalidConfiguration { ref option, .. } if option == "table"),
+            "{err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn unreachable_nodes_are_reported_as_unavailable() {
+    let o = CassandraClusteringOptions::new(KEYSPACE, "svc", "c")
+        .contact_points(["127.0.0.1:1"])
+        .request_timeout(Duration::from_secs(1));
+    match CassandraMembershipTable::connect(o).await {
+        Err(MembershipError::Unavailable { operation, .. }) => assert_eq!(operation, "connect"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn heartbeats_within_a_lease_are_one_plain_write() {
+    let (_, t) = ready(&unique("cost")).await;
+    let e = new_entry(Timestamp::now());
+    insert_next(&t, &e).await;
+    let before = t.statement_counts();
+    for i in 0..20 {
+        let outcome = t
+            .update_i_am_alive(
+                &e.address,
+                Timestamp::now().saturating_add(Duration::from_millis(i)),
+            )
+            .await
+            .unwrap();
+        assert!(matches!(outcome, HeartbeatOutcome::Refreshed { .. }));
+    }
+    let after = t.statement_counts();
+    assert_eq!(after.plain_writes - before.plain_writes, 20);
+    assert_eq!(after.conditional_writes - before.conditional_writes, 0);
+    assert_eq!(
+        after.reads + after.serial_reads - before.reads - before.serial_reads,
+        0
+    );
+}

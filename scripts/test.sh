@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The whole test suite: lints, docs, unit and in-memory tests, and every Cassandra test against a
+# real Apache Cassandra 5.0 node that this script starts (downloading it from Maven Central the
+# first time). Fails loudly if Cassandra cannot be started; never skips Cassandra tests.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+t0=$SECONDS
+step() { printf '\n==> %s (%ds)\n' "$*" $((SECONDS - t0)); }
+
+started_here=0
+if [ -z "${CASSANDRA_CONTACT_POINTS:-}" ]; then
+  if ! scripts/cassandra.sh status | grep -q "node 1: up"; then
+    step "starting Cassandra"
+    scripts/cassandra.sh start 1
+    started_here=1
+  fi
+  export CASSANDRA_CONTACT_POINTS=127.0.0.1:9042
+fi
+cleanup() { if [ "$started_here" = 1 ] && [ -z "${KEEP_CASSANDRA:-}" ]; then scripts/cassandra.sh stop; fi; }
+trap cleanup EXIT
+
+step "cargo fmt --check"
+cargo fmt --check
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets -- -D warnings
+step "cargo doc --no-deps"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
+step "cargo test (Cassandra at $CASSANDRA_CONTACT_POINTS)"
+cargo test --all-targets
+cargo test --doc
+step "benchmarks compile"
+cargo bench --no-run --quiet
+step "done"

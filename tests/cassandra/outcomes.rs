@@ -1,0 +1,179 @@
+//! Honest outcomes of conditional writes, with real faults: a proxy between the driver and the
+//! real node forges a CAS write timeout (the write never reached the node), or holds back the
+//! node's answer until the client times out (the write did apply).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cassandra_membership::conformance::new_entry;
+use cassandra_membership::{CassandraMembershipTable, MembershipTable, Timestamp};
+use scylla::client::session_builder::SessionBuilder;
+use scylla::errors::{DbError, WriteType};
+use scylla::statement::Consistency;
+use scylla_proxy::{
+    Condition, Node, Proxy, Reaction, RequestOpcode, RequestReaction, RequestRule,
+    ResponseReaction, ResponseRule, RunningProxy, ShardAwareness, get_exclusive_local_address,
+};
+
+use crate::utils::{contact_points, options, session_with_keyspace, unique};
+
+/// A proxy in front of the first contact point, and a table whose session goes through it.
+async fn proxied(cluster: &str) -> (RunningProxy, CassandraMembershipTable) {
+    session_with_keyspace().await; // the keyspace exists
+    let real: SocketAddr = contact_points()[0]
+        .parse()
+        .expect("contact point is ip:port");
+    let proxy_addr = SocketAddr::new(get_exclusive_local_address(), real.port());
+    let proxy = Proxy::builder()
+        .with_node(
+            Node::builder()
+                .real_address(real)
+                .proxy_address(proxy_addr)
+                .shard_awareness(ShardAwareness::Unaware)
+                .build(),
+        )
+        .build()
+        .run()
+        .await
+        .expect("proxy starts");
+    let session = SessionBuilder::new()
+        .known_node_addr(proxy_addr)
+        .address_translator(Arc::new(HashMap::from([(real, proxy_addr)])))
+        .build()
+        .await
+        .expect("session through the proxy");
+    let table = CassandraMembershipTable::with_session(
+        Arc::new(session),
+        options(cluster).request_timeout(Duration::from_millis(1500)),
+    )
+    .unwrap();
+    table.initialize(true).await.unwrap();
+    (proxy, table)
+}
+
+fn cas_write_timeout() -> DbError {
+    DbError::WriteTimeout {
+        consistency: Consistency::Serial,
+        received: 0,
+        required: 1,
+        write_type: WriteType::Cas,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cas_timeout_before_the_node_is_resolved_as_not_applied() {
+    let (mut proxy, table) = proxied(&unique("cas-timeout")).await;
+    let v = table.read_all().await.unwrap().version;
+    let e = new_entry(Timestamp::now());
+    // The batch carrying this silo's key is answered by the proxy and never reaches the node.
+    proxy.running_nodes[0].change_request_rules(Some(vec![RequestRule(
+        Condition::RequestOpcode(RequestOpcode::Batch)
+            .and(Condition::BodyContainsCaseSensitive(
+                e.address.to_string().into_bytes().into(),
+            ))
+            .and(Condition::TrueForLimitedTimes(1)),
+        RequestReaction::forge_with_error(cas_write_timeout()),
+    )]));
+    let applied = table
+        .insert_row(&e, &v.next())
+        .await
+        .expect("resolved by a serial re-read");
+    assert!(
+        !applied,
+        "the write never reached the node, so it did not apply"
+    );
+    let s = table.read_all().await.unwrap();
+    assert!(s.rows.is_empty());
+    assert_eq!(s.version, v);
+    // The same insert, now let through, applies.
+    assert!(table.insert_row(&e, &v.next()).await.unwrap());
+    drop(table);
+    drop(proxy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_after_the_node_applied_is_resolved_as_applied() {
+    let (mut proxy, table) = proxied(&unique("late-answer")).await;
+    let v = table.read_all().await.unwrap().version;
+    let e = new_entry(Timestamp::now());
+    // The node applies the batch; its answer ([applied] = true) is held back past the client's
+    // timeout, so the driver reports a timeout for a write that happened.
+    proxy.running_nodes[0].change_response_rules(Some(vec![ResponseRule(
+        Condition::BodyContainsCaseSensitive(b"[applied]".to_vec().into())
+            .and(Condition::TrueForLimitedTimes(1)),
+        ResponseReaction::delay(Duration::from_secs(4)),
+    )]));
+    let applied = table
+        .insert_row(&e, &v.next())
+        .await
+        .expect("resolved by a serial re-read");
+    assert!(
+        applied,
+        "the node applied the write: it must never be reported as false"
+    );
+    let s = table.read_all().await.unwrap();
+    assert_eq!(s.rows.len(), 1);
+    assert_eq!(s.version.version, 1);
+    // An update whose answer is lost the same way is also reported as applied.
+    proxy.running_nodes[0].change_response_rules(Some(vec![ResponseRule(
+        Condition::BodyContainsCaseSensitive(b"[applied]".to_vec().into())
+            .and(Condition::TrueForLimitedTimes(1)),
+        ResponseReaction::delay(Duration::from_secs(4)),
+    )]));
+    let mut changed = e.clone();
+    changed.status = cassandra_membership::SiloStatus::Active;
+    assert!(
+        table
+            .update_row(&changed, &s.rows[0].etag, &s.version.next())
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        table.read_all().await.unwrap().rows[0].entry.status,
+        cassandra_membership::SiloStatus::Active
+    );
+    drop(table);
+    drop(proxy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresolvable_outcome_is_reported_as_unknown() {
+    let (mut proxy, table) = proxied(&unique("unknown")).await;
+    let other = table.for_cluster(table.cluster_id().to_owned()).unwrap();
+    let v = table.read_all().await.unwrap().version;
+    let e = new_entry(Timestamp::now());
+    // The write applies but its answer is lost; while the client waits, another writer moves the
+    // table on and changes the row: the re-read can no longer tell whose write it sees.
+    proxy.running_nodes[0].change_response_rules(Some(vec![ResponseRule(
+        Condition::BodyContainsCaseSensitive(b"[applied]".to_vec().into())
+            .and(Condition::TrueForLimitedTimes(1)),
+        ResponseReaction::delay(Duration::from_secs(4)),
+    )]));
+    let racer = tokio::spawn(async move {
+        loop {
+            let s = other.read_all().await.unwrap();
+            if let Some(row) = s.rows.first() {
+                let mut changed = row.entry.clone();
+                changed.role_name = "changed by another silo".into();
+                if other
+                    .update_row(&changed, &row.etag, &s.version.next())
+                    .await
+                    .unwrap()
+                {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    let outcome = table.insert_row(&e, &v.next()).await;
+    racer.await.unwrap();
+    match outcome {
+        Err(err) => assert!(err.is_outcome_unknown(), "{err}"),
+        Ok(applied) => panic!("must not claim {applied} when the outcome cannot be known"),
+    }
+    drop(table);
+    drop(proxy);
+}
