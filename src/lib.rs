@@ -40,7 +40,8 @@ pub mod conformance;
 
 pub use cassandra::{
     CassandraClusteringOptions, CassandraMembershipTable, ConsistencyProfile, Credentials,
-    EXPIRY_HORIZON_UNIX_SECONDS, MAX_TTL_SECONDS, StatementCounts, TtlMismatchPolicy,
+    EXPIRY_HORIZON_UNIX_SECONDS, MAX_TTL_SECONDS, PatchAction, RowAudit, StatementCounts, TtlAudit,
+    TtlMismatchPolicy,
 };
 pub use error::{BoxError, MembershipError, Result};
 pub use memory::InMemoryMembershipTable;

@@ -7,6 +7,7 @@
 //! their map element, never a cell a conditional write owns, so the two never race.
 
 mod driver_errors;
+mod expiry;
 mod options;
 mod rows;
 mod statements;
@@ -28,6 +29,7 @@ use tokio::sync::OnceCell;
 use tracing::{Span, debug, info, instrument, warn};
 use uuid::Uuid;
 
+pub use expiry::{PatchAction, RowAudit, TtlAudit};
 pub use options::{
     CassandraClusteringOptions, ConsistencyProfile, Credentials, EXPIRY_HORIZON_UNIX_SECONDS,
     MAX_TTL_SECONDS, TtlMismatchPolicy,
@@ -143,8 +145,9 @@ pub struct CassandraMembershipTable {
 
 // --- bind values, one struct per statement file; field names are the bind marker names ---
 
-#[derive(SerializeRow)]
-struct PartitionKey<'a> {
+/// One cluster's partition key; also the bind values of statements that take only it.
+#[derive(Clone, Copy, Debug, SerializeRow)]
+pub(crate) struct Pk<'a> {
     service_id: &'a str,
     cluster_id: &'a str,
 }
@@ -554,19 +557,20 @@ impl CassandraMembershipTable {
         }
     }
 
-    async fn read_statics(&self, cluster_id: &str) -> Result<StaticsRow> {
+    fn pk(&self) -> Pk<'_> {
+        self.pk_of(&self.cluster_id)
+    }
+
+    fn pk_of<'a>(&'a self, cluster_id: &'a str) -> Pk<'a> {
+        Pk {
+            service_id: self.service_id(),
+            cluster_id,
+        }
+    }
+
+    async fn read_statics(&self, pk: Pk<'_>) -> Result<StaticsRow> {
         let st = self.statements().await?;
-        let result = self
-            .exec_read(
-                "read",
-                &st.read_statics,
-                PartitionKey {
-                    service_id: self.service_id(),
-                    cluster_id,
-                },
-                true,
-            )
-            .await?;
+        let result = self.exec_read("read", &st.read_statics, pk, true).await?;
         let rows = result.into_rows_result().map_err(|e| {
             MembershipError::corrupt(None, format!("read returned no rows result: {e}"))
         })?;
@@ -589,11 +593,12 @@ impl CassandraMembershipTable {
 
     /// Reads the whole partition of `cluster_id`: statics first, then the rows page by page,
     /// all linearizably; restarts if the version moved in between, so the result is one view.
-    async fn read_partition(&self, cluster_id: &str) -> Result<PartitionRead> {
+    async fn read_partition(&self, pk: Pk<'_>) -> Result<PartitionRead> {
+        let cluster_id = pk.cluster_id;
         let started = Instant::now();
         let st = self.statements().await?;
         for _ in 0..MAX_ATTEMPTS {
-            let statics = self.read_statics(cluster_id).await?;
+            let statics = self.read_statics(pk).await?;
             let version = decode_version(statics.version, statics.version_etag)?;
             let mut entries = Vec::new();
             let mut paging = PagingState::start();
@@ -602,14 +607,7 @@ impl CassandraMembershipTable {
                 bump(&self.shared.counters.serial_reads);
                 let (result, next) = self
                     .session_ref()
-                    .execute_single_page(
-                        &st.read_rows,
-                        PartitionKey {
-                            service_id: self.service_id(),
-                            cluster_id,
-                        },
-                        paging,
-                    )
+                    .execute_single_page(&st.read_rows, pk, paging)
                     .await
                     .map_err(|e| to_error("read", e))?;
                 let rows = result.into_rows_result().map_err(|e| {
@@ -705,15 +703,17 @@ impl CassandraMembershipTable {
         Ok(Some((stored, version, heartbeat)))
     }
 
-    fn entry_values<'a>(
+    fn entry_values_in<'a>(
         &'a self,
+        pk: Pk<'a>,
         entry: &'a MembershipEntry,
         silo: &'a str,
         new_etag: Uuid,
+        ttl: i32,
     ) -> EntryValues<'a> {
         EntryValues {
-            service_id: self.service_id(),
-            cluster_id: &self.cluster_id,
+            service_id: pk.service_id,
+            cluster_id: pk.cluster_id,
             silo,
             new_etag,
             status: entry.status.code(),
@@ -730,7 +730,34 @@ impl CassandraMembershipTable {
             fault_zone: entry.fault_zone,
             start_time: to_cql(entry.start_time),
             i_am_alive: to_cql(entry.i_am_alive_time),
-            ttl: self.write_ttl(),
+            ttl,
+        }
+    }
+
+    fn entry_values<'a>(
+        &'a self,
+        entry: &'a MembershipEntry,
+        silo: &'a str,
+        new_etag: Uuid,
+    ) -> EntryValues<'a> {
+        self.entry_values_in(self.pk(), entry, silo, new_etag, self.write_ttl())
+    }
+
+    fn version_values_in<'a>(
+        &self,
+        pk: Pk<'a>,
+        version: i64,
+        new_etag: Uuid,
+        expected: Option<Uuid>,
+        ttl: i32,
+    ) -> WriteVersionValues<'a> {
+        WriteVersionValues {
+            ttl,
+            version,
+            new_version_etag: new_etag,
+            service_id: pk.service_id,
+            cluster_id: pk.cluster_id,
+            expected_version_etag: expected,
         }
     }
 
@@ -740,14 +767,7 @@ impl CassandraMembershipTable {
         new_etag: Uuid,
         expected: Option<Uuid>,
     ) -> WriteVersionValues<'_> {
-        WriteVersionValues {
-            ttl: self.write_ttl(),
-            version,
-            new_version_etag: new_etag,
-            service_id: self.service_id(),
-            cluster_id: &self.cluster_id,
-            expected_version_etag: expected,
-        }
+        self.version_values_in(self.pk(), version, new_etag, expected, self.write_ttl())
     }
 
     /// Decides an ambiguous conditional write by a linearizable re-read: a serial read completes
@@ -776,7 +796,7 @@ impl CassandraMembershipTable {
         };
         let current_version_etag = match &found {
             Some((_, v)) => parse_etag(&v.etag).flatten(),
-            None => match self.read_statics(&self.cluster_id).await {
+            None => match self.read_statics(self.pk()).await {
                 Ok(s) => s.version_etag,
                 Err(read_err) => {
                     return Err(unknown(format!("the re-read failed too: {read_err}"), err));
@@ -856,7 +876,7 @@ impl CassandraMembershipTable {
     /// Removes a heartbeat element unless a heartbeat newer than `stamp_micros` was written.
     async fn delete_heartbeat(
         &self,
-        cluster_id: &str,
+        pk: Pk<'_>,
         key: &str,
         stamp_micros: i64,
         operation: &'static str,
@@ -869,8 +889,8 @@ impl CassandraMembershipTable {
                 DeleteHeartbeatValues {
                     silo: key,
                     write_time_micros: stamp_micros,
-                    service_id: self.service_id(),
-                    cluster_id,
+                    service_id: pk.service_id,
+                    cluster_id: pk.cluster_id,
                 },
             )
             .await
@@ -1032,6 +1052,7 @@ impl MembershipTable for CassandraMembershipTable {
                 Err(e) => return Err(e),
             }
         };
+        self.reconcile_ttl().await?;
         if !try_init_version {
             return Ok(());
         }
@@ -1049,7 +1070,7 @@ impl MembershipTable for CassandraMembershipTable {
             }
             Err(e) if may_have_applied(&e) => {
                 // Either this write or another silo's created the version, or none did: look.
-                let statics = self.read_statics(&self.cluster_id).await?;
+                let statics = self.read_statics(self.pk()).await?;
                 if statics.version_etag.is_some() {
                     Ok(())
                 } else {
@@ -1066,7 +1087,7 @@ impl MembershipTable for CassandraMembershipTable {
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, rows))]
     async fn read_all(&self) -> Result<MembershipSnapshot> {
-        let snapshot = self.read_partition(&self.cluster_id).await?.snapshot();
+        let snapshot = self.read_partition(self.pk()).await?.snapshot();
         Span::current().record("rows", snapshot.rows.len());
         Ok(snapshot)
     }
@@ -1088,7 +1109,7 @@ impl MembershipTable for CassandraMembershipTable {
         }
         // A missing row carries no statics: read the version, then make sure the row is still
         // missing (rows only appear through versioned inserts, so both reads describe one view).
-        let statics = self.read_statics(&self.cluster_id).await?;
+        let statics = self.read_statics(self.pk()).await?;
         if let Some(hit) = self.read_one(address, true).await? {
             return Ok(found(hit));
         }
@@ -1250,7 +1271,7 @@ impl MembershipTable for CassandraMembershipTable {
     #[instrument(level = "info", skip(self), fields(cluster = %self.cluster_id, removed))]
     async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize> {
         let st = self.statements().await?;
-        let read = self.read_partition(&self.cluster_id).await?;
+        let read = self.read_partition(self.pk()).await?;
         let mut removed = 0usize;
         let mut removed_keys = HashSet::new();
         for stored in &read.entries {
@@ -1305,7 +1326,7 @@ impl MembershipTable for CassandraMembershipTable {
             let owned = start.is_some_and(|s| live.get(key) == Some(&s.0));
             if time.0 < before.as_millis() && !owned {
                 self.delete_heartbeat(
-                    &self.cluster_id,
+                    self.pk(),
                     key,
                     time.0.saturating_mul(1000),
                     "cleanup_defunct",
@@ -1325,7 +1346,7 @@ impl MembershipTable for CassandraMembershipTable {
         let st = self.statements().await?;
         let started = Instant::now();
         for _ in 0..MAX_ATTEMPTS {
-            let read = self.read_partition(cluster_id).await?;
+            let read = self.read_partition(self.pk_of(cluster_id)).await?;
             let mut expected = read.version_etag;
             let keys: Vec<String> = read
                 .entries
@@ -1382,7 +1403,7 @@ impl MembershipTable for CassandraMembershipTable {
                 .filter(|(_, t)| t.0 >= soon)
             {
                 self.delete_heartbeat(
-                    cluster_id,
+                    self.pk_of(cluster_id),
                     key,
                     time.0.saturating_mul(1000).saturating_add(1),
                     "delete_cluster",

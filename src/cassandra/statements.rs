@@ -23,6 +23,9 @@ const DELETE_ENTRY: &str = include_str!("../../cql/delete_entry.cql");
 const DELETE_HEARTBEAT_BEFORE: &str = include_str!("../../cql/delete_heartbeat_before.cql");
 const DELETE_ROW: &str = include_str!("../../cql/delete_row.cql");
 const DELETE_STATICS: &str = include_str!("../../cql/delete_statics.cql");
+const ALTER_TABLE_TTL: &str = include_str!("../../cql/alter_table_ttl.cql");
+const AUDIT_TABLE: &str = include_str!("../../cql/audit_table.cql");
+const AUDIT_PARTITION: &str = include_str!("../../cql/audit_partition.cql");
 
 /// Double-quotes a name that `validate_identifier` accepted (so it holds no quote to escape).
 pub(crate) fn quote(name: &str) -> String {
@@ -66,6 +69,12 @@ pub(crate) fn create_table_cql(
         .replace("{gc_grace_seconds}", &gc_grace_seconds.to_string())
 }
 
+/// The DDL changing the table's default TTL (the `patch` policy).
+pub(crate) fn alter_table_ttl_cql(qualified_table: &str, default_ttl: u64) -> String {
+    bind_table(ALTER_TABLE_TTL, qualified_table)
+        .replace("{default_time_to_live}", &default_ttl.to_string())
+}
+
 /// Every statement of the provider, prepared against one table.
 pub(crate) struct Statements {
     pub(crate) init_version: PreparedStatement,
@@ -83,6 +92,9 @@ pub(crate) struct Statements {
     pub(crate) update_batch: Batch,
     pub(crate) delete_row: PreparedStatement,
     pub(crate) delete_statics: PreparedStatement,
+    pub(crate) write_version: PreparedStatement,
+    pub(crate) audit_table: PreparedStatement,
+    pub(crate) audit_partition: PreparedStatement,
     profile: ConsistencyProfile,
 }
 
@@ -142,6 +154,9 @@ impl Statements {
             update_batch: batch(profile, request_timeout, [&update_entry, &write_version]),
             delete_row: prep(DELETE_ROW, commit).await?,
             delete_statics: prep(DELETE_STATICS, commit).await?,
+            write_version,
+            audit_table: idempotent(prep(AUDIT_TABLE, commit).await?),
+            audit_partition: idempotent(prep(AUDIT_PARTITION, commit).await?),
             profile,
         })
     }

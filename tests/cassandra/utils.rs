@@ -52,6 +52,10 @@ pub(crate) async fn session_with_keyspace() -> Arc<Session> {
     let s = session().await;
     KEYSPACE_READY
         .get_or_init(|| async {
+            // A fresh keyspace per run: nothing an earlier run left can change this one.
+            s.query_unpaged(format!("DROP KEYSPACE IF EXISTS {KEYSPACE}"), ())
+                .await
+                .expect("drop the previous run's keyspace");
             let cql = format!(
                 "CREATE KEYSPACE IF NOT EXISTS {KEYSPACE} WITH replication = \
                  {{'class': 'SimpleStrategy', 'replication_factor': {}}}",
