@@ -386,6 +386,13 @@ impl CassandraMembershipTable {
                             continue;
                         };
                         let values = (
+                            self.entry_values_in(
+                                pk,
+                                &stored.entry,
+                                silo,
+                                stored.etag,
+                                ttl_seconds as i32,
+                            ),
                             UpdateEntryValues {
                                 entry: self.entry_values_in(
                                     pk,
@@ -405,7 +412,7 @@ impl CassandraMembershipTable {
                                     .map_or_else(|| self.write_ttl(), |t| t as i32),
                             ),
                         );
-                        let r = self.exec_conditional_batch(&st.update_batch, values).await;
+                        let r = self.exec_conditional_batch(&st.patch_batch, values).await;
                         rewritten += 1;
                         r
                     }

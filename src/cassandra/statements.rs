@@ -24,6 +24,7 @@ const DELETE_HEARTBEAT_BEFORE: &str = include_str!("../../cql/delete_heartbeat_b
 const DELETE_ROW: &str = include_str!("../../cql/delete_row.cql");
 const DELETE_STATICS: &str = include_str!("../../cql/delete_statics.cql");
 const ALTER_TABLE_TTL: &str = include_str!("../../cql/alter_table_ttl.cql");
+const REWRITE_ENTRY: &str = include_str!("../../cql/rewrite_entry.cql");
 const AUDIT_TABLE: &str = include_str!("../../cql/audit_table.cql");
 const AUDIT_PARTITION: &str = include_str!("../../cql/audit_partition.cql");
 
@@ -94,6 +95,8 @@ pub(crate) struct Statements {
     pub(crate) delete_statics: PreparedStatement,
     pub(crate) write_version: PreparedStatement,
     pub(crate) audit_table: PreparedStatement,
+    /// rewrite_entry + update_entry + write_version (the `patch` policy).
+    pub(crate) patch_batch: Batch,
     pub(crate) audit_partition: PreparedStatement,
     profile: ConsistencyProfile,
 }
@@ -136,6 +139,7 @@ impl Statements {
         let insert_entry = prep(INSERT_ENTRY, commit).await?;
         let update_entry = prep(UPDATE_ENTRY, commit).await?;
         let write_version = prep(WRITE_VERSION, commit).await?;
+        let rewrite_entry = prep(REWRITE_ENTRY, commit).await?;
         let mut heartbeat = prep(HEARTBEAT, commit).await?;
         // A heartbeat is a plain write with an explicit timestamp: repeating it is harmless.
         heartbeat.set_is_idempotent(true);
@@ -154,8 +158,13 @@ impl Statements {
             update_batch: batch(profile, request_timeout, [&update_entry, &write_version]),
             delete_row: prep(DELETE_ROW, commit).await?,
             delete_statics: prep(DELETE_STATICS, commit).await?,
-            write_version,
+            write_version: write_version.clone(),
             audit_table: idempotent(prep(AUDIT_TABLE, commit).await?),
+            patch_batch: batch(
+                profile,
+                request_timeout,
+                [&rewrite_entry, &update_entry, &write_version],
+            ),
             audit_partition: idempotent(prep(AUDIT_PARTITION, commit).await?),
             profile,
         })

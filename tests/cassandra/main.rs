@@ -5,6 +5,8 @@
 mod utils;
 
 mod conformance;
+mod expiry;
 mod outcomes;
 mod provider;
 mod smoke;
+mod ttl_mismatch;

@@ -1,0 +1,246 @@
+//! Tables whose TTL settings or rows disagree with the configuration: throw, allow, patch, audit.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cassandra_membership::conformance::new_entry;
+use cassandra_membership::{
+    CassandraClusteringOptions, CassandraMembershipTable, MembershipError, MembershipOptions,
+    MembershipTable, PatchAction, Timestamp, TtlMismatchPolicy,
+};
+use scylla::client::session::Session;
+
+use crate::utils::{KEYSPACE, options, session_with_keyspace, table_on, unique};
+
+fn table_name() -> String {
+    unique("ttl").replace('-', "_")[..24].to_owned()
+}
+
+fn with_ttl(o: CassandraClusteringOptions, seconds: u64) -> CassandraClusteringOptions {
+    let mut m = MembershipOptions::default();
+    m.defunct_silo_expiration = Duration::from_secs(seconds);
+    m.i_am_alive_table_publish_timeout = Duration::from_millis(500);
+    o.ttl(true).membership(m)
+}
+
+async fn table_default_ttl(s: &Session, table: &str) -> i32 {
+    let (ttl,): (i32,) = s
+        .query_unpaged(
+            "SELECT default_time_to_live FROM system_schema.tables WHERE keyspace_name = ? AND table_name = ?",
+            (KEYSPACE, table),
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap()
+        .single_row()
+        .unwrap();
+    ttl
+}
+
+async fn etag_ttls(s: &Session, table: &str) -> Vec<Option<i32>> {
+    s.query_unpaged(format!("SELECT TTL(etag) FROM {KEYSPACE}.{table}"), ())
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap()
+        .rows::<(Option<i32>,)>()
+        .unwrap()
+        .map(|r| r.unwrap().0)
+        .filter(|_| true)
+        .collect()
+}
+
+/// A table written with expiry off: one cluster with a live silo (heartbeat now) and a silo
+/// last seen an hour ago. Returns the session, table name and cluster id.
+async fn legacy_table() -> (Arc<Session>, String, String) {
+    let s = session_with_keyspace().await;
+    let table = table_name();
+    let cluster = unique("legacy");
+    let t = table_on(&s, options(&cluster).table(&table));
+    t.initialize(true).await.unwrap();
+    let live = new_entry(Timestamp::now());
+    let old = new_entry(Timestamp::now().saturating_sub(Duration::from_secs(3600)));
+    for e in [&live, &old] {
+        let v = t.read_all().await.unwrap().version;
+        assert!(t.insert_row(e, &v.next()).await.unwrap());
+    }
+    t.update_i_am_alive(&live.address, Timestamp::now())
+        .await
+        .unwrap();
+    (s, table, cluster)
+}
+
+#[tokio::test]
+async fn throw_names_the_table_both_ttls_and_the_disagreeing_rows() {
+    let (s, table, cluster) = legacy_table().await;
+    let t = table_on(&s, with_ttl(options(&cluster).table(&table), 4));
+    let err = t.initialize(true).await.unwrap_err();
+    match &err {
+        MembershipError::TtlMismatch {
+            table: name,
+            table_ttl_seconds,
+            configured_ttl_seconds,
+            rows_disagreeing,
+        } => {
+            assert_eq!(name, &format!("\"{KEYSPACE}\".\"{table}\""));
+            assert_eq!(*table_ttl_seconds, 0);
+            assert_eq!(*configured_ttl_seconds, 4);
+            assert_eq!(*rows_disagreeing, 3, "two entries and the version");
+        }
+        other => panic!("{other:?}"),
+    }
+    let text = err.to_string();
+    assert!(text.contains("allow") && text.contains("patch"), "{text}");
+    assert_eq!(
+        table_default_ttl(&s, &table).await,
+        0,
+        "throw changes nothing"
+    );
+    assert!(etag_ttls(&s, &table).await.iter().all(Option::is_none));
+}
+
+#[tokio::test]
+async fn allow_leaves_the_table_and_old_rows_and_writes_new_rows_with_the_ttl() {
+    let (s, table, cluster) = legacy_table().await;
+    let t = table_on(
+        &s,
+        with_ttl(options(&cluster).table(&table), 4).ttl_mismatch(TtlMismatchPolicy::Allow),
+    );
+    t.initialize(true).await.unwrap();
+    assert_eq!(table_default_ttl(&s, &table).await, 0);
+    assert_eq!(etag_ttls(&s, &table).await, vec![None, None]);
+    let v = t.read_all().await.unwrap().version;
+    assert!(
+        t.insert_row(&new_entry(Timestamp::now()), &v.next())
+            .await
+            .unwrap()
+    );
+    let ttls = etag_ttls(&s, &table).await;
+    assert_eq!(ttls.iter().filter(|t| t.is_none()).count(), 2);
+    assert!(ttls.iter().any(|t| matches!(t, Some(1..=6))), "{ttls:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn patch_rewrites_rows_from_their_last_heartbeat_removes_past_ones_and_is_idempotent() {
+    let (s, table, cluster) = legacy_table().await;
+    let o = with_ttl(options(&cluster).table(&table), 4).ttl_mismatch(TtlMismatchPolicy::Patch);
+    // The audit (dry run) says what patch will do, and writes nothing.
+    let auditor = table_on(&s, o.clone().ttl_mismatch(TtlMismatchPolicy::Allow));
+    auditor.initialize(false).await.unwrap();
+    let audit = auditor.audit_ttl().await.unwrap();
+    assert_eq!(audit.table_default_ttl, 0);
+    assert_eq!(audit.configured_ttl, 4);
+    let actions: Vec<_> = audit.rows.iter().map(|r| r.action).collect();
+    assert_eq!(
+        actions
+            .iter()
+            .filter(|a| **a == PatchAction::Remove)
+            .count(),
+        1,
+        "{audit:?}"
+    );
+    assert_eq!(
+        actions
+            .iter()
+            .filter(|a| matches!(a, PatchAction::Rewrite { ttl_seconds: 1..=6 }))
+            .count(),
+        2,
+        "the live entry and the version: {audit:?}"
+    );
+    assert!(
+        etag_ttls(&s, &table).await.iter().all(Option::is_none),
+        "the audit wrote nothing"
+    );
+
+    // Five silos start at once, all with patch.
+    let tasks: Vec<_> = (0..5)
+        .map(|_| {
+            let t = CassandraMembershipTable::with_session(Arc::clone(&s), o.clone()).unwrap();
+            tokio::spawn(async move { t.initialize(true).await })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap().expect("concurrent patches all succeed");
+    }
+    assert_eq!(table_default_ttl(&s, &table).await, 4);
+    let ttls = etag_ttls(&s, &table).await;
+    assert_eq!(
+        ttls.len(),
+        1,
+        "the entry past its TTL was removed: {ttls:?}"
+    );
+    assert!(matches!(ttls[0], Some(1..=6)), "{ttls:?}");
+    // Idempotent: nothing disagrees any more.
+    let again = table_on(&s, o.clone());
+    again.initialize(true).await.unwrap();
+    assert!(again.audit_ttl().await.unwrap().agrees());
+    // With no silo running, the legacy cluster now disappears by itself.
+    let started = std::time::Instant::now();
+    loop {
+        let left = s
+            .query_unpaged(
+                format!("SELECT silo FROM {KEYSPACE}.{table} WHERE service_id = 'test-service' AND cluster_id = ?"),
+                (&cluster,),
+            )
+            .await
+            .unwrap()
+            .into_rows_result()
+            .unwrap()
+            .rows_num();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the patched cluster never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn ttl_off_on_a_table_with_a_default_ttl_writes_ttl_zero_explicitly() {
+    let s = session_with_keyspace().await;
+    let table = table_name();
+    // Someone else made the table, with a default TTL.
+    let creator = table_on(&s, with_ttl(options(&unique("other")).table(&table), 3));
+    creator.initialize(false).await.unwrap();
+    assert_eq!(table_default_ttl(&s, &table).await, 3);
+    let cluster = unique("ttl-off");
+    let strict = table_on(&s, options(&cluster).table(&table));
+    match strict.initialize(true).await {
+        Err(MembershipError::TtlMismatch {
+            table_ttl_seconds: 3,
+            configured_ttl_seconds: 0,
+            ..
+        }) => {}
+        other => panic!("TTL off against a table default must throw by default: {other:?}"),
+    }
+    let t = table_on(
+        &s,
+        options(&cluster)
+            .table(&table)
+            .ttl_mismatch(TtlMismatchPolicy::Allow),
+    );
+    t.initialize(true).await.unwrap();
+    let e = new_entry(Timestamp::now());
+    let v = t.read_all().await.unwrap().version;
+    assert!(t.insert_row(&e, &v.next()).await.unwrap());
+    t.update_i_am_alive(&e.address, Timestamp::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        etag_ttls(&s, &table).await,
+        vec![None],
+        "USING TTL 0 overrides the table default"
+    );
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let snapshot = t.read_all().await.unwrap();
+    assert_eq!(
+        snapshot.rows.len(),
+        1,
+        "nothing expired behind the user's back"
+    );
+    assert_eq!(snapshot.version.version, 1);
+}
