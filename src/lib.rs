@@ -29,10 +29,12 @@
 //! ```
 
 mod cassandra;
+mod clock;
 mod error;
 mod memory;
 mod model;
 mod options;
+pub mod runtime;
 mod table;
 
 #[cfg(feature = "conformance")]
@@ -43,6 +45,7 @@ pub use cassandra::{
     EXPIRY_HORIZON_UNIX_SECONDS, MAX_TTL_SECONDS, PatchAction, RowAudit, StatementCounts, TtlAudit,
     TtlMismatchPolicy,
 };
+pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use error::{BoxError, MembershipError, Result};
 pub use memory::InMemoryMembershipTable;
 pub use model::{
@@ -50,4 +53,5 @@ pub use model::{
     TableVersion, Timestamp,
 };
 pub use options::MembershipOptions;
+pub use runtime::{Silo, SiloHealth};
 pub use table::{HeartbeatOutcome, Lease, MembershipTable, StorageExpiry};

@@ -3,21 +3,28 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tracing::instrument;
 
+use crate::clock::{Clock, SystemClock};
 use crate::error::{MembershipError, Result};
 use crate::model::{
     ETag, MembershipEntry, MembershipRow, MembershipSnapshot, SiloAddress, SiloStatus,
     TableVersion, Timestamp,
 };
-use crate::table::{HeartbeatOutcome, Lease, MembershipTable};
+use crate::table::{HeartbeatOutcome, Lease, MembershipTable, StorageExpiry};
 
 /// A membership table held in process memory.
 ///
 /// Clones share the same store. [`InMemoryMembershipTable::for_cluster`] gives a handle on
 /// another cluster of the same store; clusters never see each other's data.
+///
+/// With [`InMemoryMembershipTable::with_expiry`], entries expire `ttl` after their last write
+/// or heartbeat, and a cluster's version `ttl` after the last sign of life of any of its silos,
+/// exactly on time: the reference for the Cassandra backend's expiry (which may be late by its
+/// documented slack, never early).
 ///
 /// ```
 /// use cassandra_membership::{InMemoryMembershipTable, MembershipTable};
@@ -37,6 +44,8 @@ use crate::table::{HeartbeatOutcome, Lease, MembershipTable};
 pub struct InMemoryMembershipTable {
     store: Arc<Mutex<Store>>,
     cluster_id: Arc<str>,
+    clock: Arc<dyn Clock>,
+    ttl: Option<Duration>,
 }
 
 #[derive(Debug, Default)]
@@ -47,6 +56,8 @@ struct Store {
 #[derive(Debug, Default)]
 struct Cluster {
     version: Option<TableVersion>,
+    /// When the version was last written (for expiry).
+    version_written: Option<Timestamp>,
     rows: BTreeMap<SiloAddress, StoredRow>,
 }
 
@@ -57,6 +68,8 @@ struct StoredRow {
     /// The latest time published by `update_i_am_alive`; kept apart from the entry's own time so
     /// that the stored time only moves forward, exactly as the Cassandra backend stores it.
     heartbeat: Option<Timestamp>,
+    /// The clock's time at the last write or heartbeat (for expiry).
+    touched: Timestamp,
 }
 
 impl StoredRow {
@@ -81,28 +94,73 @@ impl Cluster {
         &self.version().etag == expected
     }
 
-    fn set_version(&mut self, version: u64) {
+    fn set_version(&mut self, version: u64, now: Timestamp) {
         self.version = Some(TableVersion {
             version,
             etag: ETag::random(),
         });
+        self.version_written = Some(now);
+    }
+
+    /// Drops what expired by `now`: rows `ttl` after their last touch; the version `ttl` after
+    /// the later of its last write and the last touch of any row, once no row is left.
+    fn expire(&mut self, ttl: Option<Duration>, now: Timestamp) {
+        let Some(ttl) = ttl else { return };
+        let last_sign = self
+            .rows
+            .values()
+            .map(|r| r.touched)
+            .chain(self.version_written)
+            .max();
+        self.rows.retain(|_, r| r.touched.saturating_add(ttl) > now);
+        if self.rows.is_empty() && last_sign.is_some_and(|t| t.saturating_add(ttl) <= now) {
+            self.version = None;
+            self.version_written = None;
+        }
     }
 }
 
 impl InMemoryMembershipTable {
-    /// A new, empty store, with a handle on cluster `cluster_id`.
+    /// A new, empty store without expiry, on the system clock, with a handle on `cluster_id`.
     pub fn new(cluster_id: impl Into<String>) -> Self {
         InMemoryMembershipTable {
             store: Arc::default(),
             cluster_id: Arc::from(cluster_id.into()),
+            clock: Arc::new(SystemClock),
+            ttl: None,
         }
     }
 
-    /// A handle on another cluster of the same store.
+    /// Turns storage-side expiry on: entries live `ttl` after their last write or heartbeat.
+    pub fn with_expiry(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// Reads time from `clock` (for expiry and leases).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// A handle on another cluster of the same store (same expiry and clock).
     pub fn for_cluster(&self, cluster_id: impl Into<String>) -> Self {
         InMemoryMembershipTable {
             store: Arc::clone(&self.store),
             cluster_id: Arc::from(cluster_id.into()),
+            clock: Arc::clone(&self.clock),
+            ttl: self.ttl,
+        }
+    }
+
+    fn lease(&self, now: Timestamp) -> Lease {
+        match self.ttl {
+            None => Lease::unbounded(now),
+            Some(ttl) => Lease {
+                granted_at: now,
+                expires_at: Some(now.saturating_add(ttl)),
+                refresh_by: Some(now.saturating_add(ttl - ttl / 10)),
+            },
         }
     }
 
@@ -112,13 +170,15 @@ impl InMemoryMembershipTable {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn with_cluster<T>(&self, f: impl FnOnce(&mut Cluster) -> T) -> T {
+    fn with_cluster<T>(&self, f: impl FnOnce(&mut Cluster, Timestamp) -> T) -> T {
+        let now = self.clock.now();
         let mut store = self.lock();
         let cluster = store
             .clusters
             .entry(self.cluster_id.to_string())
             .or_default();
-        f(cluster)
+        cluster.expire(self.ttl, now);
+        f(cluster, now)
     }
 }
 
@@ -128,11 +188,22 @@ impl MembershipTable for InMemoryMembershipTable {
         &self.cluster_id
     }
 
+    fn storage_expiry(&self) -> StorageExpiry {
+        match self.ttl {
+            None => StorageExpiry::OFF,
+            Some(ttl) => StorageExpiry {
+                ttl: Some(ttl),
+                slack: Duration::ZERO,
+                covers_defunct_cleanup: true,
+            },
+        }
+    }
+
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id))]
     async fn initialize(&self, try_init_version: bool) -> Result<()> {
-        self.with_cluster(|c| {
+        self.with_cluster(|c, now| {
             if try_init_version && c.version.is_none() {
-                c.set_version(0);
+                c.set_version(0, now);
             }
         });
         Ok(())
@@ -140,7 +211,7 @@ impl MembershipTable for InMemoryMembershipTable {
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id))]
     async fn read_all(&self) -> Result<MembershipSnapshot> {
-        Ok(self.with_cluster(|c| MembershipSnapshot {
+        Ok(self.with_cluster(|c, _| MembershipSnapshot {
             rows: c.rows.values().map(StoredRow::read).collect(),
             version: c.version(),
         }))
@@ -148,7 +219,7 @@ impl MembershipTable for InMemoryMembershipTable {
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, silo = %address))]
     async fn read_row(&self, address: &SiloAddress) -> Result<MembershipSnapshot> {
-        Ok(self.with_cluster(|c| MembershipSnapshot {
+        Ok(self.with_cluster(|c, _| MembershipSnapshot {
             rows: c
                 .rows
                 .get(address)
@@ -165,19 +236,18 @@ impl MembershipTable for InMemoryMembershipTable {
         entry: &MembershipEntry,
         new_version: &TableVersion,
     ) -> Result<bool> {
-        Ok(self.with_cluster(|c| {
+        Ok(self.with_cluster(|c, now| {
             if c.rows.contains_key(&entry.address) || !c.version_matches(&new_version.etag) {
                 return false;
             }
-            c.rows.insert(
-                entry.address,
-                StoredRow {
-                    entry: entry.clone(),
-                    etag: ETag::random(),
-                    heartbeat: None,
-                },
-            );
-            c.set_version(new_version.version);
+            let row = StoredRow {
+                entry: entry.clone(),
+                etag: ETag::random(),
+                heartbeat: None,
+                touched: now,
+            };
+            c.rows.insert(entry.address, row);
+            c.set_version(new_version.version, now);
             true
         }))
     }
@@ -189,16 +259,17 @@ impl MembershipTable for InMemoryMembershipTable {
         row_etag: &ETag,
         new_version: &TableVersion,
     ) -> Result<bool> {
-        Ok(self.with_cluster(|c| {
+        Ok(self.with_cluster(|c, now| {
             let version_ok = c.version_matches(&new_version.etag);
             match c.rows.get_mut(&entry.address) {
                 Some(row) if version_ok && &row.etag == row_etag => {
                     row.entry = entry.clone();
                     row.etag = ETag::random();
+                    row.touched = now;
                 }
                 _ => return false,
             }
-            c.set_version(new_version.version);
+            c.set_version(new_version.version, now);
             true
         }))
     }
@@ -209,12 +280,12 @@ impl MembershipTable for InMemoryMembershipTable {
         address: &SiloAddress,
         time: Timestamp,
     ) -> Result<HeartbeatOutcome> {
-        let now = Timestamp::now();
-        Ok(self.with_cluster(|c| match c.rows.get_mut(address) {
+        Ok(self.with_cluster(|c, now| match c.rows.get_mut(address) {
             None => HeartbeatOutcome::NotFound,
             Some(row) => {
                 row.heartbeat = Some(row.heartbeat.map_or(time, |h| h.max(time)));
-                let lease = Lease::unbounded(now);
+                row.touched = now;
+                let lease = self.lease(now);
                 if row.entry.status == SiloStatus::Dead {
                     HeartbeatOutcome::DeclaredDead { lease }
                 } else {
@@ -226,7 +297,7 @@ impl MembershipTable for InMemoryMembershipTable {
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id))]
     async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize> {
-        Ok(self.with_cluster(|c| {
+        Ok(self.with_cluster(|c, _| {
             let len = c.rows.len();
             c.rows.retain(|_, row| {
                 let read = row.read();
@@ -243,5 +314,78 @@ impl MembershipTable for InMemoryMembershipTable {
         }
         self.lock().clusters.remove(cluster_id);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::model::MembershipEntry;
+
+    #[tokio::test]
+    async fn expiry_removes_silent_entries_then_the_whole_cluster() {
+        let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
+        let t = InMemoryMembershipTable::new("c")
+            .with_expiry(Duration::from_secs(10))
+            .with_clock(Arc::new(clock.clone()));
+        t.initialize(true).await.unwrap();
+        let a: SiloAddress = "10.0.0.1:1@1".parse().unwrap();
+        let b: SiloAddress = "10.0.0.2:1@1".parse().unwrap();
+        for addr in [a, b] {
+            let v = t.read_all().await.unwrap().version;
+            assert!(
+                t.insert_row(
+                    &MembershipEntry::new(addr, SiloStatus::Active, clock.now()),
+                    &v.next()
+                )
+                .await
+                .unwrap()
+            );
+        }
+        for _ in 0..3 {
+            clock.advance(Duration::from_secs(6));
+            assert!(matches!(
+                t.update_i_am_alive(&b, clock.now()).await.unwrap(),
+                HeartbeatOutcome::Refreshed { .. }
+            ));
+        }
+        let s = t.read_all().await.unwrap();
+        assert_eq!(s.rows.len(), 1, "a expired, b heartbeats");
+        assert_eq!(s.version.version, 2, "the version stays while a silo lives");
+        assert_eq!(
+            t.update_i_am_alive(&a, clock.now()).await.unwrap(),
+            HeartbeatOutcome::NotFound
+        );
+        clock.advance(Duration::from_secs(10));
+        let s = t.read_all().await.unwrap();
+        assert!(s.rows.is_empty());
+        assert_eq!(
+            s.version,
+            TableVersion::absent(),
+            "the whole cluster is gone"
+        );
+    }
+
+    #[tokio::test]
+    async fn leases_are_bounded_only_with_expiry() {
+        let t = InMemoryMembershipTable::new("c").with_expiry(Duration::from_secs(100));
+        t.initialize(true).await.unwrap();
+        let a: SiloAddress = "10.0.0.1:1@1".parse().unwrap();
+        let v = t.read_all().await.unwrap().version;
+        t.insert_row(
+            &MembershipEntry::new(a, SiloStatus::Joining, Timestamp::now()),
+            &v.next(),
+        )
+        .await
+        .unwrap();
+        match t.update_i_am_alive(&a, Timestamp::now()).await.unwrap() {
+            HeartbeatOutcome::Refreshed { lease } => {
+                let (e, r) = (lease.expires_at.unwrap(), lease.refresh_by.unwrap());
+                assert_eq!(e.duration_since(lease.granted_at), Duration::from_secs(100));
+                assert!(r < e && r > lease.granted_at);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

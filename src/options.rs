@@ -43,6 +43,17 @@ pub struct MembershipOptions {
     /// The largest random fraction of the publish period added to or taken from each heartbeat
     /// interval, in percent. Default 10.
     pub i_am_alive_jitter_percent: u8,
+    /// How many silos must suspect a silent silo before it is declared dead. Default 2.
+    pub num_votes_for_death_declaration: u32,
+    /// How long a suspicion counts as a vote. Default 2 min.
+    #[serde(with = "humantime_serde")]
+    pub death_vote_expiration_timeout: Duration,
+    /// First retry delay after a failed heartbeat (doubling up to the publish period). Default 1 s.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_retry_backoff: Duration,
+    /// Run the periodic defunct cleanup even when storage-side expiry already removes defunct
+    /// entries. Default false.
+    pub force_defunct_cleanup: bool,
 }
 
 impl Default for MembershipOptions {
@@ -54,6 +65,10 @@ impl Default for MembershipOptions {
             defunct_silo_cleanup_period: Some(Duration::from_secs(3600)),
             defunct_silo_cleanup_jitter: Duration::from_secs(300),
             i_am_alive_jitter_percent: 10,
+            num_votes_for_death_declaration: 2,
+            death_vote_expiration_timeout: Duration::from_secs(120),
+            heartbeat_retry_backoff: Duration::from_secs(1),
+            force_defunct_cleanup: false,
         }
     }
 }

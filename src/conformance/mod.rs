@@ -3,7 +3,7 @@
 //! It covers the Orleans `MembershipTableTestsBase` checks (with the extended-protocol
 //! assertions) and this crate's stricter guarantees. A backend proves itself with one line:
 //!
-//! ```ignore
+//! ```text
 //! cassandra_membership::conformance_tests!(my_harness());
 //! ```
 //!

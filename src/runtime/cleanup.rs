@@ -1,0 +1,189 @@
+//! The periodic defunct-silo cleanup, as Orleans runs it: first at a random point of the first
+//! period, then every period plus jitter; at most one per cluster per process; off when storage
+//! expiry already covers it (unless forced).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::clock::Clock;
+use crate::error::{MembershipError, Result};
+use crate::options::MembershipOptions;
+use crate::runtime::observe;
+use crate::table::MembershipTable;
+
+/// When the cleanup runs. Pure: the random draws are arguments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CleanupSchedule {
+    period: Duration,
+    jitter: Duration,
+}
+
+impl CleanupSchedule {
+    /// The schedule of these options, `None` when cleanup is disabled.
+    pub fn new(options: &MembershipOptions) -> Option<Self> {
+        options
+            .defunct_silo_cleanup_period
+            .map(|period| CleanupSchedule {
+                period,
+                jitter: options.defunct_silo_cleanup_jitter,
+            })
+    }
+
+    /// Delay before the first run: a random point of the first period, so silos started
+    /// together do not clean together.
+    pub fn first_delay(&self, unit_random: f64) -> Duration {
+        self.period.mul_f64(unit_random.clamp(0.0, 1.0))
+    }
+
+    /// Delay between runs: the period plus up to `jitter`. Never shorter than the period, which
+    /// is also the cleanup's rate limit.
+    pub fn next_delay(&self, unit_random: f64) -> Duration {
+        self.period + self.jitter.mul_f64(unit_random.clamp(0.0, 1.0))
+    }
+}
+
+static RUNNING: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+struct Registration(String);
+
+impl Registration {
+    fn take(key: String) -> Option<Registration> {
+        let mut running = RUNNING.lock().unwrap_or_else(|p| p.into_inner());
+        // `then`, not `then_some`: a Registration built and dropped here would deregister the
+        // running task (and deadlock on this lock).
+        let fresh = running.get_or_insert_with(HashSet::new).insert(key.clone());
+        fresh.then(|| Registration(key))
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(set) = RUNNING.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            set.remove(&self.0);
+        }
+    }
+}
+
+/// A running cleanup task.
+#[derive(Debug)]
+pub struct DefunctCleanup {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    removed: watch::Receiver<u64>,
+}
+
+/// Why no cleanup task was started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CleanupNotStarted {
+    /// `defunct_silo_cleanup_period` is `None`.
+    Disabled,
+    /// Storage-side expiry removes defunct entries already (`force_defunct_cleanup` overrides).
+    CoveredByStorageExpiry,
+}
+
+impl DefunctCleanup {
+    /// Starts the cleanup for `table`'s cluster, or says why it is not needed. Errors when this
+    /// process already runs one for that cluster.
+    pub fn spawn(
+        table: Arc<dyn MembershipTable>,
+        options: &MembershipOptions,
+        clock: Arc<dyn Clock>,
+    ) -> Result<std::result::Result<DefunctCleanup, CleanupNotStarted>> {
+        let Some(schedule) = CleanupSchedule::new(options) else {
+            return Ok(Err(CleanupNotStarted::Disabled));
+        };
+        if table.storage_expiry().covers_defunct_cleanup && !options.force_defunct_cleanup {
+            info!(
+                cluster = table.cluster_id(),
+                "storage-side expiry removes defunct entries; periodic cleanup off"
+            );
+            return Ok(Err(CleanupNotStarted::CoveredByStorageExpiry));
+        }
+        let Some(registration) = Registration::take(table.cluster_id().to_owned()) else {
+            return Err(MembershipError::config(
+                "defunct_silo_cleanup_period",
+                format!(
+                    "a defunct cleanup already runs for cluster {:?} in this process",
+                    table.cluster_id()
+                ),
+            ));
+        };
+        let expiration = options.defunct_silo_expiration;
+        let (stop, mut stop_rx) = watch::channel(false);
+        let (removed_tx, removed) = watch::channel(0u64);
+        let task = tokio::spawn(async move {
+            let _registration = registration;
+            let mut delay = schedule.first_delay(rand::random::<f64>());
+            let mut total = 0u64;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = stop_rx.changed() => return,
+                }
+                let before = clock.now().saturating_sub(expiration);
+                match table.cleanup_defunct(before).await {
+                    Ok(n) => {
+                        total += n as u64;
+                        observe::cleaned(n);
+                        if n > 0 {
+                            info!(
+                                cluster = table.cluster_id(),
+                                removed = n,
+                                "cleaned defunct entries"
+                            );
+                        }
+                        let _ = removed_tx.send(total);
+                    }
+                    Err(e) => {
+                        warn!(cluster = table.cluster_id(), error = %e, "defunct cleanup failed; next period retries")
+                    }
+                }
+                delay = schedule.next_delay(rand::random::<f64>());
+            }
+        });
+        Ok(Ok(DefunctCleanup {
+            stop,
+            task,
+            removed,
+        }))
+    }
+
+    /// Total entries removed so far, updated after each run.
+    pub fn removed(&self) -> watch::Receiver<u64> {
+        self.removed.clone()
+    }
+
+    /// Stops the task and waits for it.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_run_falls_within_the_first_period_and_later_runs_never_faster_than_the_period() {
+        let s = CleanupSchedule::new(&MembershipOptions::default()).unwrap();
+        assert_eq!(s.first_delay(0.0), Duration::ZERO);
+        assert_eq!(s.first_delay(0.5), Duration::from_secs(1800));
+        assert_eq!(s.next_delay(0.0), Duration::from_secs(3600));
+        assert_eq!(s.next_delay(1.0), Duration::from_secs(3900));
+    }
+
+    #[test]
+    fn no_schedule_when_disabled() {
+        let o = MembershipOptions {
+            defunct_silo_cleanup_period: None,
+            ..Default::default()
+        };
+        assert!(CleanupSchedule::new(&o).is_none());
+    }
+}

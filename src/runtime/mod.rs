@@ -1,0 +1,12 @@
+//! The host runtime: what a silo host runs around the table — heartbeat with leases, defunct
+//! cleanup, failure detection, graceful leave — each tested with a fake clock or paused time.
+
+pub mod cleanup;
+pub mod heartbeat;
+mod observe;
+pub mod protocol;
+mod silo;
+
+pub use cleanup::{CleanupNotStarted, CleanupSchedule, DefunctCleanup};
+pub use heartbeat::{Heartbeat, HeartbeatPlanner, SiloHealth};
+pub use silo::Silo;
