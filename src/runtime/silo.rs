@@ -11,7 +11,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::Result;
 use crate::model::{MembershipEntry, SiloAddress, SiloStatus};
 use crate::options::MembershipOptions;
-use crate::runtime::cleanup::{CleanupNotStarted, DefunctCleanup};
+use crate::runtime::cleanup::DefunctCleanup;
 use crate::runtime::heartbeat::{Heartbeat, SiloHealth};
 use crate::runtime::protocol;
 use crate::table::MembershipTable;
@@ -98,11 +98,8 @@ impl Silo {
                 }
             })
         };
-        let cleanup = match DefunctCleanup::spawn(Arc::clone(&table), &options, Arc::clone(&clock))?
-        {
-            Ok(c) => Some(c),
-            Err(CleanupNotStarted::Disabled | CleanupNotStarted::CoveredByStorageExpiry) => None,
-        };
+        // Not started when disabled or when storage expiry covers it (see CleanupNotStarted).
+        let cleanup = DefunctCleanup::spawn(Arc::clone(&table), &options, Arc::clone(&clock))?.ok();
         Ok(Silo {
             table,
             address,
@@ -169,7 +166,6 @@ impl Silo {
     pub async fn wait_final(&self, timeout: Duration) -> SiloHealth {
         let mut h = self.health();
         let _ = tokio::time::timeout(timeout, h.wait_for(SiloHealth::is_final)).await;
-        let last = h.borrow().clone();
-        last
+        h.borrow().clone()
     }
 }
