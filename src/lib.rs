@@ -55,3 +55,8 @@ pub use model::{
 pub use options::MembershipOptions;
 pub use runtime::{Silo, SiloHealth};
 pub use table::{HeartbeatOutcome, Lease, MembershipTable, StorageExpiry};
+
+// The README's code compiles (its Rust blocks are doc tests).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

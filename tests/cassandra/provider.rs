@@ -374,3 +374,68 @@ async fn heartbeats_within_a_lease_are_one_plain_write() {
         0
     );
 }
+
+/// What each operation costs, by statement kind (the README's "Costs" table).
+#[tokio::test]
+async fn statement_costs_per_operation() {
+    let (_, t) = ready(&unique("costs")).await;
+    let e = new_entry(Timestamp::now());
+    let mut last = t.statement_counts();
+    let mut cost = |label: &str, t: &CassandraMembershipTable| {
+        let now = t.statement_counts();
+        let d = (
+            now.reads - last.reads,
+            now.serial_reads - last.serial_reads,
+            now.plain_writes - last.plain_writes,
+            now.conditional_writes - last.conditional_writes,
+        );
+        eprintln!(
+            "{label:<28} reads {} serial reads {} plain writes {} conditional writes {}",
+            d.0, d.1, d.2, d.3
+        );
+        last = now;
+        d
+    };
+    cost("(setup)", &t);
+    let v = t.read_all().await.unwrap().version;
+    assert_eq!(cost("read_all", &t), (0, 2, 0, 0), "statics + one page");
+    assert!(t.insert_row(&e, &v.next()).await.unwrap());
+    assert_eq!(cost("insert_row", &t), (0, 0, 0, 1));
+    let s = t.read_row(&e.address).await.unwrap();
+    assert_eq!(cost("read_row (present)", &t), (0, 1, 0, 0));
+    t.read_row(&new_entry(Timestamp::now()).address)
+        .await
+        .unwrap();
+    assert_eq!(cost("read_row (absent)", &t), (0, 3, 0, 0));
+    let mut changed = e.clone();
+    changed.status = SiloStatus::Dead;
+    assert!(
+        t.update_row(&changed, &s.rows[0].etag, &s.version.next())
+            .await
+            .unwrap()
+    );
+    assert_eq!(cost("update_row", &t), (0, 0, 0, 1));
+    t.update_i_am_alive(&e.address, Timestamp::now())
+        .await
+        .unwrap();
+    assert_eq!(cost("update_i_am_alive (lease)", &t), (0, 0, 1, 0));
+    let fresh = t.for_cluster(t.cluster_id().to_owned()).unwrap();
+    fresh
+        .update_i_am_alive(&e.address, Timestamp::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        cost("update_i_am_alive (check)", &fresh),
+        (1, 0, 1, 0),
+        "TTL off: a check is one plain read"
+    );
+    assert_eq!(
+        t.cleanup_defunct(Timestamp::now().saturating_add(Duration::from_secs(60)))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(cost("cleanup_defunct (1 removed)", &t), (0, 2, 1, 1));
+    t.delete_cluster(t.cluster_id()).await.unwrap();
+    assert_eq!(cost("delete_cluster (empty)", &t), (0, 2, 0, 1));
+}
