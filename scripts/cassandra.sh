@@ -198,7 +198,10 @@ case "$cmd" in
   nodetool)
     i=${2:?node index}; shift 2
     resolve
-    exec java -cp "$lib/*" -Dlogback.configurationFile=/dev/null org.apache.cassandra.tools.NodeTool \
+    mapfile -t opts < <(java_opts)
+    quiet="$home/logback-tools.xml"
+    [ -f "$quiet" ] || echo '<configuration><root level="WARN"/></configuration>' >"$quiet"
+    exec java "${opts[@]}" -cp "$lib/*" -Dlogback.configurationFile="file://$quiet" org.apache.cassandra.tools.NodeTool \
       -h 127.0.0.1 -p $((7199 + i)) "$@"
     ;;
   *) log "usage: $0 start [N] | stop | status | nodetool I ARGS..."; exit 2 ;;
