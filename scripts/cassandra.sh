@@ -130,6 +130,13 @@ XML
 start_node() { # $1 = node index, $2 = node count
   local i=$1 n=$2 dir="$home/node$i"
   if cql_up "127.0.0.$i"; then log "node $i already answers on 127.0.0.$i:9042; reusing it"; return; fi
+  # A node that is still shutting down holds its ports for a few seconds.
+  local waited=0
+  while (exec 3<>"/dev/tcp/127.0.0.$i/7000") 2>/dev/null || (exec 3<>"/dev/tcp/127.0.0.1/$((7199 + i))") 2>/dev/null; do
+    [ "$waited" -ge 60 ] && { log "ports of node $i stay busy (another Cassandra?)"; exit 1; }
+    [ "$waited" = 0 ] && log "waiting for node $i's ports to be released"
+    sleep 1; waited=$((waited + 1))
+  done
   rm -rf "$dir"
   write_config "$i" "$n"
   log "starting node $i on 127.0.0.$i (heap $heap)"
@@ -147,7 +154,7 @@ start_node() { # $1 = node index, $2 = node count
     -Dcassandra.jmx.local.port=$((7199 + i)) \
     -Dcassandra.superuser_setup_delay_ms=0 \
     -cp "$lib/*" org.apache.cassandra.service.CassandraDaemon \
-    >"$dir/stdout.log" 2>&1 </dev/null &
+    >"$dir/stdout.log" 2>&1 </dev/null 9>&- &
   echo $! >"$dir/pid"
   local t0=$SECONDS
   until grep -q "Starting listening for CQL clients" "$dir/system.log" 2>/dev/null && cql_up "127.0.0.$i"; do
@@ -174,6 +181,10 @@ case "$cmd" in
     if [ "$n" -gt 1 ] && ! (exec 3<>/dev/tcp/127.0.0.2/9) 2>/dev/null && ! ip addr show lo | grep -q 127.0.0.2; then
       : # Linux routes all of 127.0.0.0/8 to lo; nothing to add.
     fi
+    mkdir -p "$home"
+    # One start at a time: a second caller waits, then finds the nodes up and reuses them.
+    exec 9>"$home/start.lock"
+    flock 9
     resolve
     for i in $(seq 1 "$n"); do start_node "$i" "$n"; done
     ;;

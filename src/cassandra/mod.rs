@@ -145,6 +145,15 @@ pub struct CassandraMembershipTable {
 
 // --- bind values, one struct per statement file; field names are the bind marker names ---
 
+/// An insert or update in flight: what identifies its effect if its outcome must be resolved.
+struct VersionedWrite<'a> {
+    operation: &'static str,
+    entry: &'a MembershipEntry,
+    expected_version: Option<Uuid>,
+    new_row_etag: Uuid,
+    new_version_etag: Uuid,
+}
+
 /// One cluster's partition key; also the bind values of statements that take only it.
 #[derive(Clone, Copy, Debug, SerializeRow)]
 pub(crate) struct Pk<'a> {
@@ -770,17 +779,32 @@ impl CassandraMembershipTable {
         self.version_values_in(self.pk(), version, new_etag, expected, self.write_ttl())
     }
 
+    /// Runs an insert or update batch; an ambiguous failure is resolved by [`Self::resolve`].
+    async fn versioned_write(
+        &self,
+        batch: &Batch,
+        values: impl scylla::serialize::batch::BatchValues,
+        w: VersionedWrite<'_>,
+    ) -> Result<bool> {
+        let sent_at = Timestamp::now();
+        let applied = match self.exec_conditional_batch(batch, values).await {
+            Ok(r) => r?,
+            Err(e) if may_have_applied(&e) => self.resolve(&w, e).await?,
+            Err(e) => return Err(to_error(w.operation, e)),
+        };
+        if applied {
+            self.remember_lease(w.entry.address, LeaseState::after_write(w.entry, sent_at));
+        }
+        Span::current().record("applied", applied);
+        Ok(applied)
+    }
+
     /// Decides an ambiguous conditional write by a linearizable re-read: a serial read completes
     /// or supersedes any in-flight Paxos proposal, so what it shows is final.
-    async fn resolve(
-        &self,
-        operation: &'static str,
-        address: &SiloAddress,
-        expected_version: Option<Uuid>,
-        new_row_etag: Uuid,
-        new_version_etag: Uuid,
-        err: ExecutionError,
-    ) -> Result<bool> {
+    async fn resolve(&self, w: &VersionedWrite<'_>, err: ExecutionError) -> Result<bool> {
+        let (operation, address) = (w.operation, &w.entry.address);
+        let (expected_version, new_row_etag, new_version_etag) =
+            (w.expected_version, w.new_row_etag, w.new_version_etag);
         warn!(operation, silo = %address, error = %err, "conditional write outcome unknown; re-reading serially");
         let unknown = |detail: String, err: ExecutionError| MembershipError::OutcomeUnknown {
             operation,
@@ -1134,31 +1158,18 @@ impl MembershipTable for CassandraMembershipTable {
         let st = self.statements().await?;
         let key = entry.address.to_string();
         let (new_row_etag, new_version_etag) = (Uuid::new_v4(), Uuid::new_v4());
-        let sent_at = Timestamp::now();
         let values = (
             self.entry_values(entry, &key, new_row_etag),
             self.version_values(version, new_version_etag, expected),
         );
-        let applied = match self.exec_conditional_batch(&st.insert_batch, values).await {
-            Ok(r) => r?,
-            Err(e) if may_have_applied(&e) => {
-                self.resolve(
-                    "insert_row",
-                    &entry.address,
-                    expected,
-                    new_row_etag,
-                    new_version_etag,
-                    e,
-                )
-                .await?
-            }
-            Err(e) => return Err(to_error("insert_row", e)),
+        let write = VersionedWrite {
+            operation: "insert_row",
+            entry,
+            expected_version: expected,
+            new_row_etag,
+            new_version_etag,
         };
-        if applied {
-            self.remember_lease(entry.address, LeaseState::after_write(entry, sent_at));
-        }
-        Span::current().record("applied", applied);
-        Ok(applied)
+        self.versioned_write(&st.insert_batch, values, write).await
     }
 
     #[instrument(level = "debug", skip(self, entry), fields(cluster = %self.cluster_id, silo = %entry.address, version = new_version.version, applied))]
@@ -1179,7 +1190,6 @@ impl MembershipTable for CassandraMembershipTable {
         let st = self.statements().await?;
         let key = entry.address.to_string();
         let (new_row_etag, new_version_etag) = (Uuid::new_v4(), Uuid::new_v4());
-        let sent_at = Timestamp::now();
         let values = (
             UpdateEntryValues {
                 entry: self.entry_values(entry, &key, new_row_etag),
@@ -1187,26 +1197,14 @@ impl MembershipTable for CassandraMembershipTable {
             },
             self.version_values(version, new_version_etag, expected),
         );
-        let applied = match self.exec_conditional_batch(&st.update_batch, values).await {
-            Ok(r) => r?,
-            Err(e) if may_have_applied(&e) => {
-                self.resolve(
-                    "update_row",
-                    &entry.address,
-                    expected,
-                    new_row_etag,
-                    new_version_etag,
-                    e,
-                )
-                .await?
-            }
-            Err(e) => return Err(to_error("update_row", e)),
+        let write = VersionedWrite {
+            operation: "update_row",
+            entry,
+            expected_version: expected,
+            new_row_etag,
+            new_version_etag,
         };
-        if applied {
-            self.remember_lease(entry.address, LeaseState::after_write(entry, sent_at));
-        }
-        Span::current().record("applied", applied);
-        Ok(applied)
+        self.versioned_write(&st.update_batch, values, write).await
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, silo = %address, outcome))]

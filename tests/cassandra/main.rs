@@ -8,5 +8,6 @@ mod conformance;
 mod expiry;
 mod outcomes;
 mod provider;
+mod runtime;
 mod smoke;
 mod ttl_mismatch;
