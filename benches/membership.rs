@@ -879,7 +879,10 @@ async fn churn(s: &Arc<Session>, r: &mut Report) -> Res<Vec<(String, f64, f64)>>
                         assert_eq!(snap.rows.len(), 1);
                     }
                     Err(e) => {
-                        failed = Some(e.to_string());
+                        let cause = std::error::Error::source(&e)
+                            .map(|c| c.to_string())
+                            .unwrap_or_default();
+                        failed = Some(cause.chars().take(90).collect::<String>());
                         break;
                     }
                 }
@@ -907,13 +910,16 @@ async fn churn(s: &Arc<Session>, r: &mut Report) -> Res<Vec<(String, f64, f64)>>
                         tomb.to_string(),
                     ]);
                 }
-                Some(e) => rows.push(vec![
-                    label.into(),
-                    n.to_string(),
-                    "failed".into(),
-                    "failed".into(),
-                    format!("{tomb} — {}", e.chars().take(80).collect::<String>()),
-                ]),
+                Some(e) => {
+                    points.push((label.to_owned(), f64::from(n), f64::NAN));
+                    rows.push(vec![
+                        label.into(),
+                        n.to_string(),
+                        "**fails**".into(),
+                        "**fails**".into(),
+                        format!("over 100,000 (tombstone_failure_threshold): {e}"),
+                    ]);
+                }
             }
         }
     }
@@ -987,6 +993,7 @@ fn svg(title: &str, xlabel: &str, series: &[(String, Vec<(f64, f64)>)], log_x: b
         let c = colors[i % colors.len()];
         let path: Vec<String> = pts
             .iter()
+            .filter(|p| p.1.is_finite())
             .map(|p| format!("{:.1},{:.1}", px(p.0), py(p.1)))
             .collect();
         let _ = write!(
@@ -995,12 +1002,22 @@ fn svg(title: &str, xlabel: &str, series: &[(String, Vec<(f64, f64)>)], log_x: b
             path.join(" ")
         );
         for p in pts {
-            let _ = write!(
-                out,
-                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{c}\"/>",
-                px(p.0),
-                py(p.1)
-            );
+            if p.1.is_finite() {
+                let _ = write!(
+                    out,
+                    "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{c}\"/>",
+                    px(p.0),
+                    py(p.1)
+                );
+            } else {
+                // A failed measurement: a cross at the top, with the series' colour.
+                let y = m + 14.0 + 16.0 * i as f64;
+                let _ = write!(
+                    out,
+                    "<text x=\"{:.1}\" y=\"{y:.1}\" fill=\"{c}\" text-anchor=\"end\">read fails ✕</text>",
+                    px(p.0) - 4.0
+                );
+            }
         }
         let _ = write!(
             out,

@@ -26,6 +26,8 @@ step "cargo fmt --check"
 cargo fmt --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
+step "cargo clippy --all-targets --all-features -- -D warnings (rustls, metrics)"
+cargo clippy --all-targets --all-features -- -D warnings
 step "cargo doc --no-deps"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 step "cargo test (Cassandra at $CASSANDRA_CONTACT_POINTS)"
