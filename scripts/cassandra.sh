@@ -112,6 +112,13 @@ concurrent_counter_writes: 4
 # Tests create and drop many tables; keep schema work quick on a small machine.
 column_index_size: 4KiB
 compaction_throughput: 0MiB/s
+# Generous timeouts: up to three JVMs share two cores in the multi-node tests, and a Paxos round that
+# times out only because the machine is busy would read as an ambiguous write.
+read_request_timeout: 10000ms
+range_request_timeout: 20000ms
+write_request_timeout: 10000ms
+cas_contention_timeout: 5000ms
+request_timeout: 20000ms
 disk_failure_policy: stop
 commit_failure_policy: stop
 YAML

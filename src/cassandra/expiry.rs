@@ -333,13 +333,7 @@ impl CassandraMembershipTable {
                 )
                 .await
                 .map_err(|e| to_error("initialize", e))?;
-            self.session_ref()
-                .await_schema_agreement()
-                .await
-                .map_err(|e| MembershipError::Unavailable {
-                    operation: "initialize",
-                    source: Box::new(e),
-                })?;
+            self.await_schema_agreement().await?;
         }
         let mut partitions: Vec<(String, String)> = audit
             .rows

@@ -56,6 +56,9 @@ const DELETE_CHUNK: usize = 100;
 /// Entries whose lease state a table value remembers before it starts forgetting.
 const MAX_LEASES: usize = 100_000;
 
+/// The schema-check detail for a table whose columns are not (yet) listed.
+const NO_COLUMNS: &str = "the table has no columns (yet)";
+
 /// Counts of the statements a table value executed, by kind: what each operation costs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StatementCounts {
@@ -930,11 +933,12 @@ impl CassandraMembershipTable {
                 .query_unpaged(create_keyspace_cql(&o.keyspace, replication), ())
                 .await
                 .map_err(|e| to_error("initialize", e))?;
+            self.await_schema_agreement().await?;
         }
-        let existing = self.table_settings().await?;
-        if existing.is_none() {
+        if self.table_settings().await?.is_none() {
             let ddl = create_table_cql(
                 &self.shared.qualified,
+                statements::table_id(&o.keyspace, &o.table),
                 o.ttl_seconds().unwrap_or(0),
                 o.gc_grace.as_secs(),
             );
@@ -942,15 +946,31 @@ impl CassandraMembershipTable {
                 .query_unpaged(ddl, ())
                 .await
                 .map_err(|e| to_error("initialize", e))?;
-            session
-                .await_schema_agreement()
-                .await
-                .map_err(|e| MembershipError::Unavailable {
-                    operation: "initialize",
-                    source: Box::new(e),
-                })?;
+        }
+        // Also when another silo just created the table: until every node has its schema, a
+        // quorum read of it can fail (INCOMPATIBLE_SCHEMA) on the nodes that do not.
+        self.await_schema_agreement().await?;
+        // A table another silo has just created may be listed before its columns are.
+        for _ in 0..40 {
+            match self.check_columns().await {
+                Err(MembershipError::SchemaMismatch { detail, .. }) if detail == NO_COLUMNS => {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                other => return other,
+            }
         }
         self.check_columns().await
+    }
+
+    async fn await_schema_agreement(&self) -> Result<()> {
+        self.session_ref()
+            .await_schema_agreement()
+            .await
+            .map(|_| ())
+            .map_err(|e| MembershipError::Unavailable {
+                operation: "initialize",
+                source: Box::new(e),
+            })
     }
 
     /// `default_time_to_live` and `gc_grace_seconds` of the table, if it exists.
@@ -1022,6 +1042,12 @@ impl CassandraMembershipTable {
             ("start_time", "timestamp", "regular"),
             ("i_am_alive", "timestamp", "regular"),
         ];
+        if actual.is_empty() {
+            return Err(MembershipError::SchemaMismatch {
+                table: self.shared.qualified.clone(),
+                detail: NO_COLUMNS.into(),
+            });
+        }
         let mut problems = Vec::new();
         for (name, ty, kind) in expected {
             match actual.get(*name) {

@@ -59,13 +59,26 @@ pub(crate) fn create_keyspace_cql(
         .replace("{replication}", &format!("{{{map}}}"))
 }
 
+/// The table id every silo uses for `keyspace.table`: concurrent `CREATE TABLE IF NOT EXISTS`
+/// through different coordinators then agree, instead of leaving the cluster with two table ids
+/// for one name (a known hazard of concurrent schema changes before Cassandra 5.1).
+pub(crate) fn table_id(keyspace: &str, table: &str) -> uuid::Uuid {
+    const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6d0b_7f3e_2c1a_4c55_9a8e_3b6f_0d2e_7a11);
+    uuid::Uuid::new_v5(
+        &NAMESPACE,
+        format!("cassandra-membership/1/{keyspace}.{table}").as_bytes(),
+    )
+}
+
 /// The DDL creating the table, from validated options.
 pub(crate) fn create_table_cql(
     qualified_table: &str,
+    table_id: uuid::Uuid,
     default_ttl: u64,
     gc_grace_seconds: u64,
 ) -> String {
     bind_table(CREATE_TABLE, qualified_table)
+        .replace("{table_id}", &table_id.to_string())
         .replace("{default_time_to_live}", &default_ttl.to_string())
         .replace("{gc_grace_seconds}", &gc_grace_seconds.to_string())
 }
