@@ -170,7 +170,6 @@ async fn floor(s: &Session, table: &str) -> Res<Floor> {
         b.set_serial_consistency(Some(SerialConsistency::Serial));
         b
     };
-    let insert_entry = prep(include_str!("../cql/insert_entry.cql"), Consistency::Quorum).await?;
     let update_entry = prep(include_str!("../cql/update_entry.cql"), Consistency::Quorum).await?;
     let write_version = prep(
         include_str!("../cql/write_version.cql"),
@@ -182,7 +181,7 @@ async fn floor(s: &Session, table: &str) -> Res<Floor> {
         read_rows: prep(include_str!("../cql/read_rows.cql"), Consistency::Serial).await?,
         read_row: prep(include_str!("../cql/read_row.cql"), Consistency::Serial).await?,
         heartbeat: prep(include_str!("../cql/heartbeat.cql"), Consistency::Quorum).await?,
-        insert: batch(vec![insert_entry, write_version.clone()]),
+        insert: batch(vec![update_entry.clone(), write_version.clone()]),
         update: batch(vec![update_entry, write_version]),
         local: s
             .prepare("SELECT release_version FROM system.local")
@@ -225,6 +224,32 @@ fn entry_values(cluster: &str, e: &MembershipEntry, etag: Uuid, ttl: i32) -> Ent
         CqlTimestamp(e.start_time.as_millis()),
         CqlTimestamp(e.i_am_alive_time.as_millis()),
         ttl,
+    )
+}
+
+type UpdateTuple = (
+    i32,
+    Uuid,
+    i32,
+    Vec<(String, CqlTimestamp)>,
+    i32,
+    String,
+    String,
+    String,
+    i32,
+    i32,
+    CqlTimestamp,
+    CqlTimestamp,
+    String,
+    String,
+    String,
+    Option<Uuid>,
+);
+
+/// `update_entry.cql`'s markers in order (insert_row passes no expected etag).
+fn update_values(v: EntryTuple, expected: Option<Uuid>) -> UpdateTuple {
+    (
+        v.14, v.3, v.4, v.5, v.6, v.7, v.8, v.9, v.10, v.11, v.12, v.13, v.0, v.1, v.2, expected,
     )
 }
 
@@ -390,24 +415,7 @@ async fn ops(s: &Arc<Session>, r: &mut Report) -> Res<()> {
                         timed(async {
                             let mut vals = entry_values(&cluster, &e, Uuid::new_v4(), wttl);
                             vals.3 = Uuid::new_v4();
-                            let upd = (
-                                vals.14,
-                                vals.3,
-                                vals.4,
-                                vals.5.clone(),
-                                vals.6,
-                                vals.7.clone(),
-                                vals.8.clone(),
-                                vals.9.clone(),
-                                vals.10,
-                                vals.11,
-                                vals.12,
-                                vals.13,
-                                vals.0.clone(),
-                                vals.1.clone(),
-                                vals.2.clone(),
-                                row,
-                            );
+                            let upd = update_values(vals, Some(row));
                             let ver_vals = (
                                 wttl,
                                 snap.version.version as i64 + 1,
@@ -452,7 +460,10 @@ async fn ops(s: &Arc<Session>, r: &mut Report) -> Res<()> {
                     async move {
                         let v = t.read_all().await?.version;
                         timed(async {
-                            let vals = entry_values(&cluster, &e, Uuid::new_v4(), wttl);
+                            let vals = update_values(
+                                entry_values(&cluster, &e, Uuid::new_v4(), wttl),
+                                None,
+                            );
                             let ver_vals = (
                                 wttl,
                                 v.version as i64 + 1,

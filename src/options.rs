@@ -73,7 +73,42 @@ impl Default for MembershipOptions {
     }
 }
 
+macro_rules! setters {
+    ($( $(#[$doc:meta])* $name:ident: $ty:ty ),* $(,)?) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(mut self, value: $ty) -> Self {
+                self.$name = value;
+                self
+            }
+        )*
+    };
+}
+
 impl MembershipOptions {
+    setters! {
+        /// Sets `i_am_alive_table_publish_timeout`.
+        i_am_alive_table_publish_timeout: Duration,
+        /// Sets `num_missed_table_i_am_alive_limit`.
+        num_missed_table_i_am_alive_limit: u32,
+        /// Sets `defunct_silo_expiration`.
+        defunct_silo_expiration: Duration,
+        /// Sets `defunct_silo_cleanup_period` (`None` disables the cleanup).
+        defunct_silo_cleanup_period: Option<Duration>,
+        /// Sets `defunct_silo_cleanup_jitter`.
+        defunct_silo_cleanup_jitter: Duration,
+        /// Sets `i_am_alive_jitter_percent`.
+        i_am_alive_jitter_percent: u8,
+        /// Sets `num_votes_for_death_declaration`.
+        num_votes_for_death_declaration: u32,
+        /// Sets `death_vote_expiration_timeout`.
+        death_vote_expiration_timeout: Duration,
+        /// Sets `heartbeat_retry_backoff`.
+        heartbeat_retry_backoff: Duration,
+        /// Sets `force_defunct_cleanup`.
+        force_defunct_cleanup: bool,
+    }
+
     /// Checks every option; the error names the first one that is wrong.
     pub fn validate(&self) -> Result<()> {
         if self.i_am_alive_table_publish_timeout < Duration::from_millis(10) {
@@ -141,6 +176,18 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn setters_chain() {
+        let o = MembershipOptions::default()
+            .i_am_alive_table_publish_timeout(Duration::from_secs(1))
+            .defunct_silo_expiration(Duration::from_secs(10))
+            .defunct_silo_cleanup_period(None);
+        assert_eq!(o.i_am_alive_table_publish_timeout, Duration::from_secs(1));
+        assert_eq!(o.defunct_silo_expiration, Duration::from_secs(10));
+        assert_eq!(o.defunct_silo_cleanup_period, None);
+        o.validate().unwrap();
     }
 
     #[test]

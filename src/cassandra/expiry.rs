@@ -395,7 +395,7 @@ impl CassandraMembershipTable {
                                     stored.etag,
                                     ttl_seconds as i32,
                                 ),
-                                expected_etag: stored.etag,
+                                expected_etag: Some(stored.etag),
                             },
                             self.version_values_in(
                                 pk,

@@ -203,7 +203,8 @@ struct EntryValues<'a> {
 struct UpdateEntryValues<'a> {
     #[scylla(flatten)]
     entry: EntryValues<'a>,
-    expected_etag: Uuid,
+    /// `None` for an insert: the row must have no etag (missing, or an empty marker).
+    expected_etag: Option<Uuid>,
 }
 
 #[derive(SerializeRow)]
@@ -286,6 +287,8 @@ struct PartitionRead {
     version: TableVersion,
     version_etag: Option<Uuid>,
     entries: Vec<StoredEntry>,
+    /// Keys of rows with no cells left (only a row marker).
+    empty_rows: Vec<String>,
     heartbeats: HashMap<String, StoredHeartbeat>,
 }
 
@@ -613,6 +616,7 @@ impl CassandraMembershipTable {
             let statics = self.read_statics(pk).await?;
             let version = decode_version(statics.version, statics.version_etag)?;
             let mut entries = Vec::new();
+            let mut empty_rows = Vec::new();
             let mut paging = PagingState::start();
             let mut consistent = true;
             loop {
@@ -633,6 +637,10 @@ impl CassandraMembershipTable {
                     }
                     if row.silo.is_none() {
                         continue; // the partition's static row: no entry
+                    }
+                    if row.is_empty() {
+                        empty_rows.extend(row.silo);
+                        continue;
                     }
                     match decode_entry(row) {
                         Ok(e) => entries.push(e),
@@ -656,6 +664,7 @@ impl CassandraMembershipTable {
                     version,
                     version_etag: statics.version_etag,
                     entries,
+                    empty_rows,
                     heartbeats: statics.heartbeats.unwrap_or_default(),
                 });
             }
@@ -709,6 +718,9 @@ impl CassandraMembershipTable {
         };
         let version_etag = row.version_etag;
         let (row, version, heartbeat) = row.split();
+        if row.is_empty() {
+            return Ok(None); // only a row marker is left: no entry (an insert may take the key)
+        }
         let version = decode_version(version, version_etag)?;
         let stored = decode_entry(row)
             .map_err(|(_, reason)| MembershipError::corrupt(Some(&key), reason))?;
@@ -871,7 +883,7 @@ impl CassandraMembershipTable {
             let values = (
                 UpdateEntryValues {
                     entry: self.entry_values(&stored.entry, &key, stored.etag),
-                    expected_etag: stored.etag,
+                    expected_etag: Some(stored.etag),
                 },
                 self.version_values(version.version as i64, version_etag_value, version_etag),
             );
@@ -1185,7 +1197,10 @@ impl MembershipTable for CassandraMembershipTable {
         let key = entry.address.to_string();
         let (new_row_etag, new_version_etag) = (Uuid::new_v4(), Uuid::new_v4());
         let values = (
-            self.entry_values(entry, &key, new_row_etag),
+            UpdateEntryValues {
+                entry: self.entry_values(entry, &key, new_row_etag),
+                expected_etag: None,
+            },
             self.version_values(version, new_version_etag, expected),
         );
         let write = VersionedWrite {
@@ -1219,7 +1234,7 @@ impl MembershipTable for CassandraMembershipTable {
         let values = (
             UpdateEntryValues {
                 entry: self.entry_values(entry, &key, new_row_etag),
-                expected_etag: expected_row,
+                expected_etag: Some(expected_row),
             },
             self.version_values(version, new_version_etag, expected),
         );
@@ -1334,6 +1349,26 @@ impl MembershipTable for CassandraMembershipTable {
                 removed += 1;
                 removed_keys.insert(key);
                 self.forget_lease(&entry.address);
+            }
+        }
+        for key in &read.empty_rows {
+            // Not entries: not counted. A lost race (the row got cells) leaves it alone.
+            match self
+                .exec_conditional(
+                    &st.delete_empty_row,
+                    SiloKey {
+                        silo: key,
+                        service_id: self.service_id(),
+                        cluster_id: &self.cluster_id,
+                    },
+                )
+                .await
+            {
+                Ok(r) => {
+                    r?;
+                }
+                Err(e) if may_have_applied(&e) => {} // the next cleanup sees it again if it is still there
+                Err(e) => return Err(to_error("cleanup_defunct", e)),
             }
         }
         // Heartbeat elements whose row is gone (removed above, or earlier), older than the cutoff.

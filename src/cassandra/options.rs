@@ -234,6 +234,30 @@ impl CassandraClusteringOptions {
         self
     }
 
+    /// Sets the keyspace.
+    pub fn keyspace(mut self, keyspace: impl Into<String>) -> Self {
+        self.keyspace = keyspace.into();
+        self
+    }
+
+    /// Sets the service id.
+    pub fn service_id(mut self, service_id: impl Into<String>) -> Self {
+        self.service_id = service_id.into();
+        self
+    }
+
+    /// Sets the lease renewal interval (`None`: a tenth of the TTL).
+    pub fn ttl_renewal_interval(mut self, interval: Option<Duration>) -> Self {
+        self.ttl_renewal_interval = interval;
+        self
+    }
+
+    /// Sets the `gc_grace_seconds` a created table gets.
+    pub fn gc_grace(mut self, gc_grace: Duration) -> Self {
+        self.gc_grace = gc_grace;
+        self
+    }
+
     /// Sets the page size.
     pub fn page_size(mut self, rows: u32) -> Self {
         self.page_size = rows;

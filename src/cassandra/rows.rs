@@ -41,6 +41,23 @@ pub(crate) struct EntryRow {
     pub(crate) i_am_alive: Option<CqlTimestamp>,
 }
 
+impl EntryRow {
+    /// A row with no cell left, only its marker: no entry, and nothing to decode.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.etag.is_none()
+            && self.status.is_none()
+            && self.suspect_times.is_none()
+            && self.proxy_port.is_none()
+            && self.host_name.is_none()
+            && self.silo_name.is_none()
+            && self.role_name.is_none()
+            && self.update_zone.is_none()
+            && self.fault_zone.is_none()
+            && self.start_time.is_none()
+            && self.i_am_alive.is_none()
+    }
+}
+
 /// `read_row.cql`: one entry with the partition's version and the entry's heartbeat element.
 #[derive(Debug, DeserializeRow)]
 pub(crate) struct EntryWithStaticsRow {

@@ -15,12 +15,12 @@ const INIT_VERSION: &str = include_str!("../../cql/init_version.cql");
 const READ_STATICS: &str = include_str!("../../cql/read_statics.cql");
 const READ_ROWS: &str = include_str!("../../cql/read_rows.cql");
 const READ_ROW: &str = include_str!("../../cql/read_row.cql");
-const INSERT_ENTRY: &str = include_str!("../../cql/insert_entry.cql");
 const UPDATE_ENTRY: &str = include_str!("../../cql/update_entry.cql");
 const WRITE_VERSION: &str = include_str!("../../cql/write_version.cql");
 const HEARTBEAT: &str = include_str!("../../cql/heartbeat.cql");
 const DELETE_ENTRY: &str = include_str!("../../cql/delete_entry.cql");
 const DELETE_HEARTBEAT_BEFORE: &str = include_str!("../../cql/delete_heartbeat_before.cql");
+const DELETE_EMPTY_ROW: &str = include_str!("../../cql/delete_empty_row.cql");
 const DELETE_ROW: &str = include_str!("../../cql/delete_row.cql");
 const DELETE_STATICS: &str = include_str!("../../cql/delete_statics.cql");
 const ALTER_TABLE_TTL: &str = include_str!("../../cql/alter_table_ttl.cql");
@@ -100,7 +100,8 @@ pub(crate) struct Statements {
     pub(crate) heartbeat: PreparedStatement,
     pub(crate) delete_heartbeat_before: PreparedStatement,
     pub(crate) delete_entry: PreparedStatement,
-    /// insert_entry + write_version.
+    pub(crate) delete_empty_row: PreparedStatement,
+    /// update_entry (expecting no etag) + write_version.
     pub(crate) insert_batch: Batch,
     /// update_entry + write_version (also the lease renewal).
     pub(crate) update_batch: Batch,
@@ -149,7 +150,6 @@ impl Statements {
         };
         let mut read_rows = prep(READ_ROWS, serial_read).await?;
         read_rows.set_page_size(i32::try_from(page_size).unwrap_or(i32::MAX));
-        let insert_entry = prep(INSERT_ENTRY, commit).await?;
         let update_entry = prep(UPDATE_ENTRY, commit).await?;
         let write_version = prep(WRITE_VERSION, commit).await?;
         let rewrite_entry = prep(REWRITE_ENTRY, commit).await?;
@@ -167,7 +167,8 @@ impl Statements {
             heartbeat,
             delete_heartbeat_before,
             delete_entry: prep(DELETE_ENTRY, commit).await?,
-            insert_batch: batch(profile, request_timeout, [&insert_entry, &write_version]),
+            delete_empty_row: prep(DELETE_EMPTY_ROW, commit).await?,
+            insert_batch: batch(profile, request_timeout, [&update_entry, &write_version]),
             update_batch: batch(profile, request_timeout, [&update_entry, &write_version]),
             delete_row: prep(DELETE_ROW, commit).await?,
             delete_statics: prep(DELETE_STATICS, commit).await?,

@@ -439,3 +439,57 @@ async fn statement_costs_per_operation() {
     t.delete_cluster(t.cluster_id()).await.unwrap();
     assert_eq!(cost("delete_cluster (empty)", &t), (0, 2, 0, 1));
 }
+
+#[tokio::test]
+async fn an_empty_row_marker_is_no_entry_and_cleanup_removes_it() {
+    let cluster = unique("marker");
+    let (s, t) = ready(&cluster).await;
+    let e = new_entry(Timestamp::now());
+    let key = e.address.to_string();
+    // A row marker without cells: what a row inserted without TTL leaves once cells written
+    // later with a TTL have expired.
+    s.query_unpaged(
+        format!("INSERT INTO {KEYSPACE}.membership (service_id, cluster_id, silo) VALUES ('test-service', ?, ?)"),
+        (&cluster, &key),
+    )
+    .await
+    .unwrap();
+    assert!(t.read_all().await.unwrap().rows.is_empty());
+    assert!(t.read_row(&e.address).await.unwrap().rows.is_empty());
+    assert_eq!(
+        t.update_i_am_alive(&e.address, Timestamp::now())
+            .await
+            .unwrap(),
+        HeartbeatOutcome::NotFound
+    );
+    assert_eq!(
+        t.cleanup_defunct(Timestamp::now()).await.unwrap(),
+        0,
+        "not an entry, not counted"
+    );
+    let raw = |s: Arc<scylla::client::session::Session>, cluster: String| async move {
+        s.query_unpaged(
+            format!("SELECT silo FROM {KEYSPACE}.membership WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ?"),
+            (&cluster, &key),
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap()
+        .rows_num()
+    };
+    assert_eq!(
+        raw(Arc::clone(&s), cluster.clone()).await,
+        0,
+        "cleanup removed the empty row"
+    );
+    // And an insert of that key works (also while such a marker exists: inserts need no etag).
+    s.query_unpaged(
+        format!("INSERT INTO {KEYSPACE}.membership (service_id, cluster_id, silo) VALUES ('test-service', ?, ?)"),
+        (&cluster, &e.address.to_string()),
+    )
+    .await
+    .unwrap();
+    insert_next(&t, &e).await;
+    assert_eq!(t.read_row(&e.address).await.unwrap().rows[0].entry, e);
+}
