@@ -287,6 +287,23 @@ async fn timed<F: std::future::Future<Output = Res<()>>>(f: F) -> Res<Duration> 
     Ok(t.elapsed())
 }
 
+/// Ten seconds of mixed traffic first, so the node's JIT has compiled the paths measured.
+async fn warm_up(s: &Arc<Session>) -> Res<()> {
+    let t = provider(s, "warm-up", "membership", false).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut n = 0;
+    while Instant::now() < deadline {
+        let v = t.read_all().await?.version;
+        t.insert_row(&entry(50_000 + n), &v.next()).await?;
+        t.update_i_am_alive(&entry(50_000 + n).address, Timestamp::now())
+            .await?;
+        t.read_row(&entry(50_000 + n).address).await?;
+        n += 1;
+    }
+    t.delete_cluster("warm-up").await?;
+    Ok(())
+}
+
 async fn ops(s: &Arc<Session>, r: &mut Report) -> Res<()> {
     r.section(
         "Per operation: provider vs raw-driver floor",
@@ -1064,6 +1081,7 @@ async fn main() -> Res<()> {
         version.0
     ));
     std::fs::create_dir_all("bench-results")?;
+    warm_up(&s).await?;
     if want("ops") {
         ops(&s, &mut r).await?;
     }
