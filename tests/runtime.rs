@@ -19,6 +19,16 @@ fn options() -> MembershipOptions {
     o
 }
 
+async fn join(
+    table: Arc<impl MembershipTable + 'static>,
+    n: u8,
+    clock: &Arc<TokioClock>,
+) -> cassandra_membership::Silo {
+    cassandra_membership::Silo::join_with_clock(table, entry(n), options(), clock.clone())
+        .await
+        .unwrap()
+}
+
 fn entry(n: u8) -> MembershipEntry {
     let a: SiloAddress = format!("10.0.0.{n}:11111@1").parse().unwrap();
     MembershipEntry::new(a, SiloStatus::Joining, Timestamp::now())
@@ -87,14 +97,7 @@ impl MembershipTable for Flaky {
 async fn a_silo_joins_active_and_heartbeats_every_period_within_jitter() {
     let clock = Arc::new(TokioClock::new());
     let table = Flaky::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
-    let silo = cassandra_membership::Silo::join_with_clock(
-        table.clone(),
-        entry(1),
-        options(),
-        clock.clone(),
-    )
-    .await
-    .unwrap();
+    let silo = join(table.clone(), 1, &clock).await;
     assert_eq!(silo.entry_status().await.unwrap(), Some(SiloStatus::Active));
     tokio::time::sleep(Duration::from_secs(100)).await;
     // First heartbeat at once, then one per 10 s ± 1 s: 10 or 11 in 100 s.
@@ -152,14 +155,7 @@ async fn a_crashed_silo_is_declared_dead_by_the_others_through_the_protocol() {
 async fn a_silo_declared_dead_is_told_and_stops_heartbeating() {
     let clock = Arc::new(TokioClock::new());
     let table = Arc::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
-    let silo = cassandra_membership::Silo::join_with_clock(
-        table.clone(),
-        entry(1),
-        options(),
-        clock.clone(),
-    )
-    .await
-    .unwrap();
+    let silo = join(table.clone(), 1, &clock).await;
     assert!(
         protocol::set_status(
             table.as_ref(),
@@ -191,14 +187,7 @@ async fn a_silo_declared_dead_is_told_and_stops_heartbeating() {
 async fn a_missing_entry_stops_the_heartbeat_without_recreating_it() {
     let clock = Arc::new(TokioClock::new());
     let table = Arc::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
-    let silo = cassandra_membership::Silo::join_with_clock(
-        table.clone(),
-        entry(1),
-        options(),
-        clock.clone(),
-    )
-    .await
-    .unwrap();
+    let silo = join(table.clone(), 1, &clock).await;
     table.delete_cluster("c").await.unwrap();
     assert_eq!(
         silo.wait_final(Duration::from_secs(30)).await,
@@ -218,14 +207,7 @@ async fn failing_heartbeats_retry_with_backoff_and_warn_before_the_lease_lapses(
         .with_clock(clock.clone())
         .with_expiry(Duration::from_secs(100));
     let table = Flaky::new(inner);
-    let silo = cassandra_membership::Silo::join_with_clock(
-        table.clone(),
-        entry(1),
-        options(),
-        clock.clone(),
-    )
-    .await
-    .unwrap();
+    let silo = join(table.clone(), 1, &clock).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let lease = match silo.health().borrow().clone() {
         SiloHealth::Healthy { lease } => lease,
@@ -317,14 +299,7 @@ async fn cleanup_stays_off_when_storage_expiry_covers_it_unless_forced() {
 async fn graceful_leave_retries_version_conflicts_and_ends_dead() {
     let clock = Arc::new(TokioClock::new());
     let table = Arc::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
-    let silo = cassandra_membership::Silo::join_with_clock(
-        table.clone(),
-        entry(1),
-        options(),
-        clock.clone(),
-    )
-    .await
-    .unwrap();
+    let silo = join(table.clone(), 1, &clock).await;
     let address = silo.address();
     // Another silo keeps moving the version while this one leaves.
     let busy = {

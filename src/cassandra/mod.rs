@@ -354,22 +354,7 @@ impl CassandraMembershipTable {
     /// Validates `options`, connects to `options.contact_points` and returns the table for
     /// `options.cluster_id`. Nothing is created until [`MembershipTable::initialize`].
     pub async fn connect(options: CassandraClusteringOptions) -> Result<Self> {
-        options.validate()?;
-        let mut builder = SessionBuilder::new()
-            .known_nodes(&options.contact_points)
-            .connection_timeout(options.request_timeout);
-        if let Some(c) = &options.credentials {
-            builder = builder.user(c.username.clone(), c.password.clone());
-        }
-        let session = builder
-            .build()
-            .await
-            .map_err(|e| MembershipError::Unavailable {
-                operation: "connect",
-                // The driver's error text never holds the password; it names nodes and causes.
-                source: Box::new(e),
-            })?;
-        Self::with_session(Arc::new(session), options)
+        Self::connect_with(options, |builder| builder).await
     }
 
     /// Connects over TLS with the given rustls configuration.
@@ -378,21 +363,29 @@ impl CassandraMembershipTable {
         options: CassandraClusteringOptions,
         tls: Arc<rustls::ClientConfig>,
     ) -> Result<Self> {
+        Self::connect_with(options, move |builder| builder.tls_context(Some(tls))).await
+    }
+
+    async fn connect_with(
+        options: CassandraClusteringOptions,
+        customize: impl FnOnce(SessionBuilder) -> SessionBuilder,
+    ) -> Result<Self> {
         options.validate()?;
         let mut builder = SessionBuilder::new()
             .known_nodes(&options.contact_points)
-            .connection_timeout(options.request_timeout)
-            .tls_context(Some(tls));
+            .connection_timeout(options.request_timeout);
         if let Some(c) = &options.credentials {
             builder = builder.user(c.username.clone(), c.password.clone());
         }
-        let session = builder
-            .build()
-            .await
-            .map_err(|e| MembershipError::Unavailable {
-                operation: "connect",
-                source: Box::new(e),
-            })?;
+        let session =
+            customize(builder)
+                .build()
+                .await
+                .map_err(|e| MembershipError::Unavailable {
+                    operation: "connect",
+                    // The driver's error text never holds the password; it names nodes and causes.
+                    source: Box::new(e),
+                })?;
         Self::with_session(Arc::new(session), options)
     }
 
