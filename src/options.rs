@@ -34,8 +34,9 @@ pub struct MembershipOptions {
     /// storage-side expiry is on. Default 7 days.
     #[serde(with = "humantime_serde")]
     pub defunct_silo_expiration: Duration,
-    /// How often a live silo removes defunct entries; `None` disables it. Default 1 h.
-    #[serde(with = "humantime_serde")]
+    /// How often a live silo removes defunct entries; `None` (`"off"` in a config file) disables
+    /// it. Default 1 h.
+    #[serde(with = "duration_or_off")]
     pub defunct_silo_cleanup_period: Option<Duration>,
     /// The largest random delay added to each cleanup period. Default 5 min.
     #[serde(with = "humantime_serde")]
@@ -69,6 +70,35 @@ impl Default for MembershipOptions {
             death_vote_expiration_timeout: Duration::from_secs(120),
             heartbeat_retry_backoff: Duration::from_secs(1),
             force_defunct_cleanup: false,
+        }
+    }
+}
+
+/// An optional duration that config files can switch off: `"off"`, `"none"`, `"disabled"` or
+/// `null` mean `None`; anything else is a human-readable duration.
+mod duration_or_off {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer, de::Error as _};
+
+    pub(super) fn serialize<S: Serializer>(
+        value: &Option<Duration>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(d) => s.collect_str(&humantime::format_duration(*d)),
+            None => s.serialize_str("off"),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        match Option::<String>::deserialize(d)?.as_deref() {
+            None | Some("off" | "none" | "disabled") => Ok(None),
+            Some(text) => humantime::parse_duration(text)
+                .map(Some)
+                .map_err(D::Error::custom),
         }
     }
 }
@@ -188,6 +218,26 @@ mod tests {
         assert_eq!(o.defunct_silo_expiration, Duration::from_secs(10));
         assert_eq!(o.defunct_silo_cleanup_period, None);
         o.validate().unwrap();
+    }
+
+    #[test]
+    fn cleanup_can_be_switched_off_in_a_config_file() {
+        let o: MembershipOptions = toml::from_str("defunct_silo_cleanup_period = \"off\"").unwrap();
+        assert_eq!(o.defunct_silo_cleanup_period, None);
+        let o: MembershipOptions = toml::from_str("defunct_silo_cleanup_period = \"90m\"").unwrap();
+        assert_eq!(
+            o.defunct_silo_cleanup_period,
+            Some(Duration::from_secs(5400))
+        );
+        let back = toml::to_string(&MembershipOptions::default().defunct_silo_cleanup_period(None))
+            .unwrap();
+        assert!(
+            back.contains("defunct_silo_cleanup_period = \"off\""),
+            "{back}"
+        );
+        assert!(
+            toml::from_str::<MembershipOptions>("defunct_silo_cleanup_period = \"soon\"").is_err()
+        );
     }
 
     #[test]
