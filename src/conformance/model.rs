@@ -51,7 +51,9 @@ pub enum Op {
         /// The version tag presented.
         version: TagChoice,
     },
-    /// `update_i_am_alive` of `silo`, `offset_ms` after the run's base time.
+    /// `update_i_am_alive` of `silo`. Heartbeat times only move forward through a run, as real
+    /// ones ("now") do across a silo address's incarnations: the k-th operation's time is
+    /// `base + 50 ms × k + offset_ms`.
     Heartbeat {
         /// Pool index.
         silo: u8,
@@ -90,7 +92,7 @@ fn write_op() -> impl Strategy<Value = Op> {
         3 => (0..POOL, 0u8..7, tag_choice()).prop_map(|(silo, status, version)| Op::Insert { silo, status, version }),
         3 => (0..POOL, 0u8..7, any::<bool>(), tag_choice(), tag_choice())
             .prop_map(|(silo, status, suspect, row, version)| Op::Update { silo, status, suspect, row, version }),
-        2 => (0..POOL, 0u16..4000).prop_map(|(silo, offset_ms)| Op::Heartbeat { silo, offset_ms }),
+        2 => (0..POOL, 0u16..50).prop_map(|(silo, offset_ms)| Op::Heartbeat { silo, offset_ms }),
     ]
 }
 
@@ -487,7 +489,7 @@ fn resolve(
         }
         Op::Heartbeat { silo, offset_ms } => Call::Heartbeat(
             address(silo),
-            base.saturating_add(Duration::from_millis(u64::from(offset_ms))),
+            base.saturating_add(Duration::from_millis(50 * n as u64 + u64::from(offset_ms))),
         ),
         Op::Cleanup { offset_ms } => {
             Call::Cleanup(start.saturating_add(Duration::from_millis(u64::from(offset_ms) * 10)))
