@@ -4,8 +4,18 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
 
 use crate::model::Timestamp;
+
+/// `d × factor`, saturating instead of panicking on huge or invalid products.
+pub(crate) fn scale(d: Duration, factor: f64) -> Duration {
+    Duration::try_from_secs_f64(d.as_secs_f64() * factor).unwrap_or(if factor > 0.0 {
+        Duration::MAX
+    } else {
+        Duration::ZERO
+    })
+}
 
 /// A source of the current time.
 pub trait Clock: Send + Sync + Debug {

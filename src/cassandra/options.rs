@@ -284,7 +284,7 @@ impl CassandraClusteringOptions {
     /// covers Cassandra's whole-second expiry clock).
     pub fn write_ttl_seconds(&self) -> u64 {
         match self.ttl_seconds() {
-            Some(ttl) => ttl + self.renewal_seconds() + 1,
+            Some(ttl) => ttl.saturating_add(self.renewal_seconds()).saturating_add(1),
             None => 0,
         }
     }
@@ -362,12 +362,14 @@ impl CassandraClusteringOptions {
         }
         if let Some(ttl) = self.ttl_seconds() {
             let period = self.membership.i_am_alive_table_publish_timeout;
-            if self.membership.defunct_silo_expiration < period * MIN_TTL_HEARTBEAT_PERIODS {
+            if self.membership.defunct_silo_expiration
+                < period.saturating_mul(MIN_TTL_HEARTBEAT_PERIODS)
+            {
                 return Err(MembershipError::config(
                     "membership.defunct_silo_expiration",
                     format!(
                         "with ttl on it is the TTL and must span at least {MIN_TTL_HEARTBEAT_PERIODS} heartbeat periods ({:?}); it is {:?}",
-                        period * MIN_TTL_HEARTBEAT_PERIODS,
+                        period.saturating_mul(MIN_TTL_HEARTBEAT_PERIODS),
                         self.membership.defunct_silo_expiration
                     ),
                 ));
@@ -403,7 +405,7 @@ impl CassandraClusteringOptions {
 }
 
 pub(crate) fn ceil_seconds(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 /// Keyspace and table names: what Cassandra accepts unquoted, so quoting never changes meaning.
@@ -527,6 +529,20 @@ mod tests {
         let mut o = CassandraClusteringOptions::new("ks", "s", "c").ttl(true);
         o.ttl_renewal_interval = Some(Duration::from_secs(5 * 24 * 3600));
         assert_eq!(option_of(o.validate()), "ttl_renewal_interval");
+    }
+
+    #[test]
+    fn extreme_options_are_errors_not_panics() {
+        let mut o = CassandraClusteringOptions::new("ks", "s", "c").ttl(true);
+        o.membership.i_am_alive_table_publish_timeout = Duration::MAX;
+        o.membership.defunct_silo_expiration = Duration::MAX;
+        o.ttl_renewal_interval = Some(Duration::MAX);
+        o.gc_grace = Duration::MAX;
+        o.request_timeout = Duration::MAX;
+        assert!(o.validate().is_err());
+        let _ = (o.ttl_seconds(), o.renewal_seconds(), o.write_ttl_seconds());
+        o.ttl = false;
+        assert!(o.validate().is_err(), "gc_grace is still too large");
     }
 
     #[test]

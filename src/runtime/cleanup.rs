@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::clock::Clock;
+use crate::clock::{Clock, scale};
 use crate::error::{MembershipError, Result};
 use crate::options::MembershipOptions;
 use crate::runtime::observe;
@@ -37,13 +37,14 @@ impl CleanupSchedule {
     /// Delay before the first run: a random point of the first period, so silos started
     /// together do not clean together.
     pub fn first_delay(&self, unit_random: f64) -> Duration {
-        self.period.mul_f64(unit_random.clamp(0.0, 1.0))
+        scale(self.period, unit_random.clamp(0.0, 1.0))
     }
 
     /// Delay between runs: the period plus up to `jitter`. Never shorter than the period, which
     /// is also the cleanup's rate limit.
     pub fn next_delay(&self, unit_random: f64) -> Duration {
-        self.period + self.jitter.mul_f64(unit_random.clamp(0.0, 1.0))
+        self.period
+            .saturating_add(scale(self.jitter, unit_random.clamp(0.0, 1.0)))
     }
 }
 

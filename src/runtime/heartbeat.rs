@@ -8,7 +8,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use crate::clock::Clock;
+use crate::clock::{Clock, scale};
 use crate::error::MembershipError;
 use crate::model::{SiloAddress, Timestamp};
 use crate::options::MembershipOptions;
@@ -108,8 +108,8 @@ impl HeartbeatPlanner {
         let mut delay = if self.failures > 0 && at_risk {
             self.backoff
         } else if self.failures == 0 {
-            let jitter = self.period.mul_f64(f64::from(self.jitter_percent) / 100.0);
-            (self.period - jitter) + jitter.mul_f64(2.0 * r)
+            let jitter = scale(self.period, f64::from(self.jitter_percent) / 100.0);
+            (self.period - jitter).saturating_add(scale(jitter, 2.0 * r))
         } else {
             let exp = self.failures.saturating_sub(1).min(16);
             self.backoff.saturating_mul(1 << exp).min(self.period)
@@ -323,6 +323,27 @@ mod tests {
             p.next_delay(Timestamp::from_millis(4_000), 0.5),
             Duration::from_secs(6)
         );
+    }
+
+    #[test]
+    fn extreme_periods_never_panic() {
+        let mut o = options();
+        o.i_am_alive_table_publish_timeout = Duration::MAX;
+        o.heartbeat_retry_backoff = Duration::MAX;
+        let mut p = HeartbeatPlanner::new(&o);
+        assert!(p.next_delay(Timestamp::from_millis(0), 0.999) >= Duration::from_secs(1));
+        p.on_outcome(
+            Timestamp::from_millis(0),
+            &Err(MembershipError::config("x", "y")),
+        );
+        let _ = p.next_delay(Timestamp::from_millis(0), 0.5);
+        let s = crate::runtime::CleanupSchedule::new(&MembershipOptions {
+            defunct_silo_cleanup_period: Some(Duration::MAX),
+            defunct_silo_cleanup_jitter: Duration::MAX,
+            ..MembershipOptions::default()
+        })
+        .unwrap();
+        let _ = (s.first_delay(1.0), s.next_delay(1.0));
     }
 
     #[test]

@@ -99,8 +99,9 @@ pub async fn declare_silent_silos_dead(
     options: &MembershipOptions,
     now: Timestamp,
 ) -> Result<Vec<SiloAddress>> {
-    let silence =
-        options.i_am_alive_table_publish_timeout * options.num_missed_table_i_am_alive_limit;
+    let silence = options
+        .i_am_alive_table_publish_timeout
+        .saturating_mul(options.num_missed_table_i_am_alive_limit);
     let mut declared = Vec::new();
     let snapshot = table.read_all().await?;
     for row in &snapshot.rows {
