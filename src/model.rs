@@ -54,13 +54,15 @@ impl Timestamp {
         }
     }
 
-    /// Converts to a `SystemTime`.
+    /// Converts to a `SystemTime` (the epoch where the platform cannot represent the time).
     pub fn to_system_time(self) -> SystemTime {
-        if self.0 >= 0 {
-            UNIX_EPOCH + Duration::from_millis(self.0.unsigned_abs())
+        let d = Duration::from_millis(self.0.unsigned_abs());
+        let t = if self.0 >= 0 {
+            UNIX_EPOCH.checked_add(d)
         } else {
-            UNIX_EPOCH - Duration::from_millis(self.0.unsigned_abs())
-        }
+            UNIX_EPOCH.checked_sub(d)
+        };
+        t.unwrap_or(UNIX_EPOCH)
     }
 
     /// This time plus `d` (saturating), truncated to milliseconds.
@@ -85,9 +87,14 @@ impl Timestamp {
     }
 }
 
+/// 9999-12-31T23:59:59.999Z, the last time RFC 3339 can write.
+const LAST_RFC3339_MILLIS: i64 = 253_402_300_799_999;
+
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0 >= 0 {
+        if self.0 > LAST_RFC3339_MILLIS {
+            write!(f, "{}ms after the epoch", self.0)
+        } else if self.0 >= 0 {
             write!(
                 f,
                 "{}",
@@ -439,5 +446,29 @@ mod tests {
     fn timestamps_before_epoch_truncate_towards_the_past() {
         let t = UNIX_EPOCH - Duration::from_micros(1500);
         assert_eq!(Timestamp::from_system_time(t).as_millis(), -2);
+    }
+}
+
+#[cfg(test)]
+mod extreme_tests {
+    use super::*;
+
+    #[test]
+    fn extreme_timestamps_display_and_convert_without_panicking() {
+        for ms in [
+            i64::MIN,
+            -1,
+            0,
+            253_402_300_799_999,
+            253_402_300_800_000,
+            i64::MAX,
+        ] {
+            let t = Timestamp::from_millis(ms);
+            assert!(!t.to_string().is_empty());
+            let _ = t.to_system_time();
+            let _ = t
+                .saturating_add(Duration::MAX)
+                .saturating_sub(Duration::MAX);
+        }
     }
 }
