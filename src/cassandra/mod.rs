@@ -940,6 +940,16 @@ impl CassandraMembershipTable {
                 .map_err(|e| to_error("initialize", e))?;
             self.await_schema_agreement().await?;
         }
+        if !self.keyspace_exists().await? {
+            return Err(MembershipError::SchemaMismatch {
+                table: self.shared.qualified.clone(),
+                detail: format!(
+                    "keyspace {:?} does not exist: create it with the replication your cluster needs \
+                     (the provider does not choose one), or for development set create_keyspace_with_replication",
+                    o.keyspace
+                ),
+            });
+        }
         if self.table_settings().await?.is_none() {
             let ddl = create_table_cql(
                 &self.shared.qualified,
@@ -976,6 +986,21 @@ impl CassandraMembershipTable {
                 operation: "initialize",
                 source: Box::new(e),
             })
+    }
+
+    async fn keyspace_exists(&self) -> Result<bool> {
+        let result = self
+            .session_ref()
+            .query_unpaged(
+                "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",
+                (&self.opts().keyspace,),
+            )
+            .await
+            .map_err(|e| to_error("initialize", e))?;
+        let rows = result
+            .into_rows_result()
+            .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?;
+        Ok(rows.rows_num() > 0)
     }
 
     /// `default_time_to_live` and `gc_grace_seconds` of the table, if it exists.

@@ -493,3 +493,33 @@ async fn an_empty_row_marker_is_no_entry_and_cleanup_removes_it() {
     insert_next(&t, &e).await;
     assert_eq!(t.read_row(&e.address).await.unwrap().rows[0].entry, e);
 }
+
+#[tokio::test]
+async fn a_missing_keyspace_is_named_and_never_created_silently() {
+    let s = session().await;
+    let keyspace = unique("nokeyspace").replace('-', "_")[..30].to_owned();
+    let t = table_on(
+        &s,
+        CassandraClusteringOptions::new(&keyspace, "svc", "c").contact_points(contact_points()),
+    );
+    match t.initialize(true).await {
+        Err(MembershipError::SchemaMismatch { detail, .. }) => {
+            assert!(
+                detail.contains(&keyspace) && detail.contains("create_keyspace_with_replication"),
+                "{detail}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    let exists = s
+        .query_unpaged(
+            "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",
+            (&keyspace,),
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap()
+        .rows_num();
+    assert_eq!(exists, 0);
+}
