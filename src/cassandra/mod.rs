@@ -787,6 +787,43 @@ impl CassandraMembershipTable {
         self.version_values_in(self.pk(), version, new_etag, expected, self.write_ttl())
     }
 
+    /// `insert_row` / `update_row`: writes the whole entry and the next version in one
+    /// conditional batch, expecting `row_etag` (absent for an insert) and the caller's version tag.
+    async fn write_entry(
+        &self,
+        operation: &'static str,
+        entry: &MembershipEntry,
+        row_etag: Option<&ETag>,
+        new_version: &TableVersion,
+    ) -> Result<bool> {
+        let version = i64::try_from(new_version.version).map_err(|_| {
+            MembershipError::config("new_version.version", "does not fit a CQL bigint")
+        })?;
+        let (Some(expected), Some(expected_row)) =
+            (parse_etag(&new_version.etag), row_etag.and_then(parse_etag))
+        else {
+            return Ok(false); // tags this table never issued cannot match
+        };
+        let st = self.statements().await?;
+        let key = entry.address.to_string();
+        let (new_row_etag, new_version_etag) = (Uuid::new_v4(), Uuid::new_v4());
+        let values = (
+            UpdateEntryValues {
+                entry: self.entry_values(entry, &key, new_row_etag),
+                expected_etag: expected_row,
+            },
+            self.version_values(version, new_version_etag, expected),
+        );
+        let write = VersionedWrite {
+            operation,
+            entry,
+            expected_version: expected,
+            new_row_etag,
+            new_version_etag,
+        };
+        self.versioned_write(&st.update_batch, values, write).await
+    }
+
     /// Runs an insert or update batch; an ambiguous failure is resolved by [`Self::resolve`].
     async fn versioned_write(
         &self,
@@ -1205,30 +1242,9 @@ impl MembershipTable for CassandraMembershipTable {
         entry: &MembershipEntry,
         new_version: &TableVersion,
     ) -> Result<bool> {
-        let version = i64::try_from(new_version.version).map_err(|_| {
-            MembershipError::config("new_version.version", "does not fit a CQL bigint")
-        })?;
-        let Some(expected) = parse_etag(&new_version.etag) else {
-            return Ok(false); // not a tag this table ever issued: it cannot be the current one
-        };
-        let st = self.statements().await?;
-        let key = entry.address.to_string();
-        let (new_row_etag, new_version_etag) = (Uuid::new_v4(), Uuid::new_v4());
-        let values = (
-            UpdateEntryValues {
-                entry: self.entry_values(entry, &key, new_row_etag),
-                expected_etag: None,
-            },
-            self.version_values(version, new_version_etag, expected),
-        );
-        let write = VersionedWrite {
-            operation: "insert_row",
-            entry,
-            expected_version: expected,
-            new_row_etag,
-            new_version_etag,
-        };
-        self.versioned_write(&st.insert_batch, values, write).await
+        // An insert is the same conditional write as an update, expecting no row etag.
+        self.write_entry("insert_row", entry, Some(&ETag::absent()), new_version)
+            .await
     }
 
     #[instrument(level = "debug", skip(self, entry), fields(cluster = %self.cluster_id, silo = %entry.address, version = new_version.version, applied))]
@@ -1238,32 +1254,11 @@ impl MembershipTable for CassandraMembershipTable {
         row_etag: &ETag,
         new_version: &TableVersion,
     ) -> Result<bool> {
-        let version = i64::try_from(new_version.version).map_err(|_| {
-            MembershipError::config("new_version.version", "does not fit a CQL bigint")
-        })?;
-        let (Some(expected), Some(Some(expected_row))) =
-            (parse_etag(&new_version.etag), parse_etag(row_etag))
-        else {
-            return Ok(false); // tags this table never issued cannot match
-        };
-        let st = self.statements().await?;
-        let key = entry.address.to_string();
-        let (new_row_etag, new_version_etag) = (Uuid::new_v4(), Uuid::new_v4());
-        let values = (
-            UpdateEntryValues {
-                entry: self.entry_values(entry, &key, new_row_etag),
-                expected_etag: Some(expected_row),
-            },
-            self.version_values(version, new_version_etag, expected),
-        );
-        let write = VersionedWrite {
-            operation: "update_row",
-            entry,
-            expected_version: expected,
-            new_row_etag,
-            new_version_etag,
-        };
-        self.versioned_write(&st.update_batch, values, write).await
+        if row_etag.is_absent() {
+            return Ok(false); // an update needs the row's tag; only inserts expect none
+        }
+        self.write_entry("update_row", entry, Some(row_etag), new_version)
+            .await
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, silo = %address, outcome))]

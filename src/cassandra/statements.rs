@@ -101,9 +101,7 @@ pub(crate) struct Statements {
     pub(crate) delete_heartbeat_before: PreparedStatement,
     pub(crate) delete_entry: PreparedStatement,
     pub(crate) delete_empty_row: PreparedStatement,
-    /// update_entry (expecting no etag) + write_version.
-    pub(crate) insert_batch: Batch,
-    /// update_entry + write_version (also the lease renewal).
+    /// update_entry + write_version: insert_row (expecting no row etag), update_row, lease renewal.
     pub(crate) update_batch: Batch,
     pub(crate) delete_row: PreparedStatement,
     pub(crate) delete_statics: PreparedStatement,
@@ -168,7 +166,6 @@ impl Statements {
             delete_heartbeat_before,
             delete_entry: prep(DELETE_ENTRY, commit).await?,
             delete_empty_row: prep(DELETE_EMPTY_ROW, commit).await?,
-            insert_batch: batch(profile, request_timeout, [&update_entry, &write_version]),
             update_batch: batch(profile, request_timeout, [&update_entry, &write_version]),
             delete_row: prep(DELETE_ROW, commit).await?,
             delete_statics: prep(DELETE_STATICS, commit).await?,

@@ -14,7 +14,7 @@ use cassandra_membership::{
 use proptest::prelude::*;
 use scylla::client::session::Session;
 
-use crate::utils::{KEYSPACE, options, session_with_keyspace, table_on, unique};
+use crate::utils::{KEYSPACE, count_rows, options, session_with_keyspace, table_on, unique};
 
 const TTL: Duration = Duration::from_secs(4);
 /// Renewal interval (1 s) + the extra second every write carries.
@@ -42,15 +42,7 @@ async fn insert(t: &dyn MembershipTable, e: &MembershipEntry) {
 
 /// Everything stored in a cluster's partition, read directly: rows, and whether static cells remain.
 async fn raw_partition(s: &Session, table: &str, cluster: &str) -> usize {
-    s.query_unpaged(
-        format!("SELECT silo, version FROM {KEYSPACE}.{table} WHERE service_id = 'test-service' AND cluster_id = ?"),
-        (cluster,),
-    )
-    .await
-    .unwrap()
-    .into_rows_result()
-    .unwrap()
-    .rows_num()
+    count_rows(s, format!("SELECT silo, version FROM {KEYSPACE}.{table} WHERE service_id = 'test-service' AND cluster_id = ?"), (cluster,)).await
 }
 
 async fn raw_ttl(s: &Session, table: &str, cluster: &str, silo: &str, column: &str) -> Option<i32> {
@@ -179,16 +171,7 @@ async fn a_stopped_silo_expires_after_the_ttl_within_the_slack_and_never_partial
     );
     // Nothing is left that a later write could resurrect, and those writes say so.
     let key = stopping.address.to_string();
-    let raw_rows = s
-        .query_unpaged(
-            format!("SELECT silo FROM {KEYSPACE}.{TABLE} WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ?"),
-            (&cluster, &key),
-        )
-        .await
-        .unwrap()
-        .into_rows_result()
-        .unwrap()
-        .rows_num();
+    let raw_rows = count_rows(&s, format!("SELECT silo FROM {KEYSPACE}.{TABLE} WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ?"), (&cluster, &key)).await;
     assert_eq!(raw_rows, 0);
     assert_eq!(
         t.update_i_am_alive(&stopping.address, Timestamp::now())

@@ -53,6 +53,16 @@ async fn proxied(cluster: &str) -> (RunningProxy, CassandraMembershipTable) {
     (proxy, table)
 }
 
+/// The node's next answer to a conditional write (it carries `[applied]`) is held back past the
+/// client's 1.5 s timeout: the driver reports a timeout for a write the node did apply.
+fn hold_back_next_answer(proxy: &mut RunningProxy) {
+    proxy.running_nodes[0].change_response_rules(Some(vec![ResponseRule(
+        Condition::BodyContainsCaseSensitive(b"[applied]".to_vec().into())
+            .and(Condition::TrueForLimitedTimes(1)),
+        ResponseReaction::delay(Duration::from_secs(4)),
+    )]));
+}
+
 fn cas_write_timeout() -> DbError {
     DbError::WriteTimeout {
         consistency: Consistency::Serial,
@@ -100,11 +110,7 @@ async fn a_timeout_after_the_node_applied_is_resolved_as_applied() {
     let e = new_entry(Timestamp::now());
     // The node applies the batch; its answer ([applied] = true) is held back past the client's
     // timeout, so the driver reports a timeout for a write that happened.
-    proxy.running_nodes[0].change_response_rules(Some(vec![ResponseRule(
-        Condition::BodyContainsCaseSensitive(b"[applied]".to_vec().into())
-            .and(Condition::TrueForLimitedTimes(1)),
-        ResponseReaction::delay(Duration::from_secs(4)),
-    )]));
+    hold_back_next_answer(&mut proxy);
     let applied = table
         .insert_row(&e, &v.next())
         .await
@@ -117,11 +123,7 @@ async fn a_timeout_after_the_node_applied_is_resolved_as_applied() {
     assert_eq!(s.rows.len(), 1);
     assert_eq!(s.version.version, 1);
     // An update whose answer is lost the same way is also reported as applied.
-    proxy.running_nodes[0].change_response_rules(Some(vec![ResponseRule(
-        Condition::BodyContainsCaseSensitive(b"[applied]".to_vec().into())
-            .and(Condition::TrueForLimitedTimes(1)),
-        ResponseReaction::delay(Duration::from_secs(4)),
-    )]));
+    hold_back_next_answer(&mut proxy);
     let mut changed = e.clone();
     changed.status = cassandra_membership::SiloStatus::Active;
     assert!(
@@ -146,11 +148,7 @@ async fn an_unresolvable_outcome_is_reported_as_unknown() {
     let e = new_entry(Timestamp::now());
     // The write applies but its answer is lost; while the client waits, another writer moves the
     // table on and changes the row: the re-read can no longer tell whose write it sees.
-    proxy.running_nodes[0].change_response_rules(Some(vec![ResponseRule(
-        Condition::BodyContainsCaseSensitive(b"[applied]".to_vec().into())
-            .and(Condition::TrueForLimitedTimes(1)),
-        ResponseReaction::delay(Duration::from_secs(4)),
-    )]));
+    hold_back_next_answer(&mut proxy);
     let racer = tokio::spawn(async move {
         loop {
             let s = other.read_all().await.unwrap();

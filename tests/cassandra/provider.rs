@@ -11,7 +11,7 @@ use cassandra_membership::{
 };
 
 use crate::utils::{
-    KEYSPACE, contact_points, options, session, session_with_keyspace, table_on, unique,
+    KEYSPACE, contact_points, count_rows, options, session, session_with_keyspace, table_on, unique,
 };
 
 async fn ready(
@@ -211,16 +211,7 @@ async fn damaged_rows_are_skipped_by_read_all_and_reported_by_read_row() {
             .unwrap(),
         0
     );
-    let stored = s
-        .query_unpaged(
-            format!("SELECT silo FROM {KEYSPACE}.membership WHERE service_id = 'test-service' AND cluster_id = ?"),
-            (&cluster,),
-        )
-        .await
-        .unwrap()
-        .into_rows_result()
-        .unwrap()
-        .rows_num();
+    let stored = count_rows(&s, format!("SELECT silo FROM {KEYSPACE}.membership WHERE service_id = 'test-service' AND cluster_id = ?"), (&cluster,)).await;
     assert_eq!(stored, damages.len() + 1);
     let after = t.read_all().await.unwrap();
     let mut changed = good.clone();
@@ -467,22 +458,13 @@ async fn an_empty_row_marker_is_no_entry_and_cleanup_removes_it() {
         0,
         "not an entry, not counted"
     );
-    let raw = |s: Arc<scylla::client::session::Session>, cluster: String| async move {
-        s.query_unpaged(
-            format!("SELECT silo FROM {KEYSPACE}.membership WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ?"),
-            (&cluster, &key),
-        )
-        .await
-        .unwrap()
-        .into_rows_result()
-        .unwrap()
-        .rows_num()
-    };
-    assert_eq!(
-        raw(Arc::clone(&s), cluster.clone()).await,
-        0,
-        "cleanup removed the empty row"
-    );
+    let left = count_rows(
+        &s,
+        format!("SELECT silo FROM {KEYSPACE}.membership WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ?"),
+        (&cluster, &key),
+    )
+    .await;
+    assert_eq!(left, 0, "cleanup removed the empty row");
     // And an insert of that key works (also while such a marker exists: inserts need no etag).
     s.query_unpaged(
         format!("INSERT INTO {KEYSPACE}.membership (service_id, cluster_id, silo) VALUES ('test-service', ?, ?)"),
@@ -511,15 +493,11 @@ async fn a_missing_keyspace_is_named_and_never_created_silently() {
         }
         other => panic!("{other:?}"),
     }
-    let exists = s
-        .query_unpaged(
-            "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",
-            (&keyspace,),
-        )
-        .await
-        .unwrap()
-        .into_rows_result()
-        .unwrap()
-        .rows_num();
+    let exists = count_rows(
+        &s,
+        "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?".into(),
+        (&keyspace,),
+    )
+    .await;
     assert_eq!(exists, 0);
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::utils::{KEYSPACE, session_with_keyspace, unique};
+use crate::utils::{KEYSPACE, count_rows, session_with_keyspace, unique};
 
 #[tokio::test]
 async fn the_node_is_a_real_cassandra_that_expires_ttl_writes() {
@@ -48,13 +48,12 @@ async fn the_node_is_a_real_cassandra_that_expires_ttl_writes() {
         .unwrap();
     assert!(matches!(ttl, Some(1..=2)), "TTL(v) = {ttl:?}");
     tokio::time::sleep(Duration::from_millis(3200)).await;
-    let rows = s
-        .query_unpaged(format!("SELECT v FROM {KEYSPACE}.{table} WHERE k = 1"), ())
-        .await
-        .unwrap()
-        .into_rows_result()
-        .unwrap()
-        .rows_num();
+    let rows = count_rows(
+        &s,
+        format!("SELECT v FROM {KEYSPACE}.{table} WHERE k = 1"),
+        (),
+    )
+    .await;
     assert_eq!(rows, 0, "the row must be gone after its TTL");
     s.query_unpaged(format!("DROP TABLE {KEYSPACE}.{table}"), ())
         .await

@@ -10,7 +10,7 @@ use cassandra_membership::{
 };
 use scylla::client::session::Session;
 
-use crate::utils::{KEYSPACE, options, session_with_keyspace, table_on, unique};
+use crate::utils::{KEYSPACE, count_rows, options, session_with_keyspace, table_on, unique};
 
 fn table_name() -> String {
     unique("ttl").replace('-', "_")[..24].to_owned()
@@ -178,16 +178,7 @@ async fn patch_rewrites_rows_from_their_last_heartbeat_removes_past_ones_and_is_
     // With no silo running, the legacy cluster now disappears by itself.
     let started = std::time::Instant::now();
     loop {
-        let left = s
-            .query_unpaged(
-                format!("SELECT silo FROM {KEYSPACE}.{table} WHERE service_id = 'test-service' AND cluster_id = ?"),
-                (&cluster,),
-            )
-            .await
-            .unwrap()
-            .into_rows_result()
-            .unwrap()
-            .rows_num();
+        let left = count_rows(&s, format!("SELECT silo FROM {KEYSPACE}.{table} WHERE service_id = 'test-service' AND cluster_id = ?"), (&cluster,)).await;
         if left == 0 {
             break;
         }

@@ -88,3 +88,17 @@ pub(crate) fn table_on(
 ) -> CassandraMembershipTable {
     CassandraMembershipTable::with_session(Arc::clone(session), options).expect("valid options")
 }
+
+/// How many rows `cql` returns: tests look at what is stored, bypassing the provider.
+pub(crate) async fn count_rows(
+    s: &Session,
+    cql: String,
+    values: impl scylla::serialize::row::SerializeRow,
+) -> usize {
+    s.query_unpaged(cql, values)
+        .await
+        .expect("raw query")
+        .into_rows_result()
+        .expect("rows")
+        .rows_num()
+}
