@@ -8,8 +8,12 @@ use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
 use tokio::sync::OnceCell;
 
-/// The keyspace every test table lives in.
-pub(crate) const KEYSPACE: &str = "cm_test";
+/// The keyspace every test table lives in (dropped and re-created once per run). Set
+/// `CM_TEST_KEYSPACE` at build time to give concurrent runs against one node their own.
+pub(crate) const KEYSPACE: &str = match option_env!("CM_TEST_KEYSPACE") {
+    Some(k) => k,
+    None => "cm_test",
+};
 
 pub(crate) fn contact_points() -> Vec<String> {
     std::env::var("CASSANDRA_CONTACT_POINTS")
