@@ -15,12 +15,11 @@ use scylla::response::{PagingState, PagingStateResponse};
 use scylla::value::CqlTimestamp;
 use tracing::{info, warn};
 
+use super::CassandraMembershipTable;
+use super::driver_errors::to_error;
 use super::rows::merge_heartbeat;
 use super::statements::alter_table_ttl_cql;
-use super::{
-    CassandraMembershipTable, DeleteEntryValues, HeartbeatValues, Pk, UpdateEntryValues, to_cql,
-    to_error,
-};
+use super::values::{DeleteEntryValues, HeartbeatValues, Pk, UpdateEntryValues, to_cql};
 use crate::error::{MembershipError, Result};
 use crate::model::Timestamp;
 
@@ -452,7 +451,7 @@ impl CassandraMembershipTable {
                     let r = self
                         .exec_conditional(
                             &st.delete_statics,
-                            super::DeleteStaticsValues {
+                            super::values::DeleteStaticsValues {
                                 service_id: pk.service_id,
                                 cluster_id: pk.cluster_id,
                                 expected_version_etag: Some(version_etag),
@@ -491,7 +490,7 @@ impl CassandraMembershipTable {
     async fn patch_heartbeats(
         &self,
         pk: Pk<'_>,
-        heartbeats: &HashMap<String, super::StoredHeartbeat>,
+        heartbeats: &HashMap<String, super::rows::StoredHeartbeat>,
     ) -> Result<()> {
         let st = self.statements().await?;
         let now = Timestamp::now();

@@ -1,0 +1,208 @@
+//! Leases: what a table value knows of each entry's TTL, renewal, and `update_i_am_alive`.
+
+use std::time::Duration;
+
+use tracing::Span;
+
+use super::driver_errors::{may_have_applied, to_error};
+use super::values::{HeartbeatValues, UpdateEntryValues, to_cql};
+use super::write::parse_etag;
+use super::{CassandraMembershipTable, MAX_ATTEMPTS, bump};
+use crate::error::{MembershipError, Result};
+use crate::model::{MembershipEntry, SiloAddress, SiloStatus, Timestamp};
+use crate::table::{HeartbeatOutcome, Lease, StorageExpiry};
+
+/// Entries whose lease state a table value remembers before it starts forgetting.
+const MAX_LEASES: usize = 100_000;
+
+/// What a table value knows of an entry's lease from its own writes.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct LeaseState {
+    /// Local time taken before the write that last refreshed (or checked) the entry was sent.
+    renewed_at: Timestamp,
+    dead: bool,
+    /// The entry's start time: heartbeat elements carry it to name their incarnation.
+    start_time: Timestamp,
+}
+
+impl LeaseState {
+    pub(super) fn after_write(entry: &MembershipEntry, renewed_at: Timestamp) -> Self {
+        LeaseState {
+            renewed_at,
+            dead: entry.status == SiloStatus::Dead,
+            start_time: entry.start_time,
+        }
+    }
+}
+
+impl CassandraMembershipTable {
+    pub(super) fn expiry(&self) -> StorageExpiry {
+        match self.opts().ttl_seconds() {
+            None => StorageExpiry::OFF,
+            Some(ttl) => StorageExpiry {
+                ttl: Some(Duration::from_secs(ttl)),
+                slack: Duration::from_secs(self.opts().renewal_seconds() + 1),
+                covers_defunct_cleanup: true,
+            },
+        }
+    }
+
+    fn lease_for(&self, renewed_at: Timestamp) -> Lease {
+        match self.opts().ttl_seconds() {
+            None => Lease::unbounded(renewed_at),
+            Some(ttl) => {
+                let renewal = self.opts().renewal_seconds();
+                Lease {
+                    granted_at: renewed_at,
+                    expires_at: Some(renewed_at.saturating_add(Duration::from_secs(ttl + renewal))),
+                    refresh_by: Some(renewed_at.saturating_add(Duration::from_secs(ttl))),
+                }
+            }
+        }
+    }
+
+    pub(super) fn remember_lease(&self, address: SiloAddress, state: LeaseState) {
+        let mut leases = self.leases.lock().unwrap_or_else(|p| p.into_inner());
+        if leases.len() >= MAX_LEASES && !leases.contains_key(&address) {
+            // Forgetting only costs an extra check on that silo's next heartbeat.
+            leases.clear();
+        }
+        leases.insert(address, state);
+    }
+
+    pub(super) fn forget_lease(&self, address: &SiloAddress) {
+        self.leases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(address);
+    }
+
+    pub(super) fn forget_all_leases(&self) {
+        self.leases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    /// The lease this table value granted `address` with its last write or check, if it knows one.
+    pub fn known_lease(&self, address: &SiloAddress) -> Option<Lease> {
+        let state = *self
+            .leases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(address)?;
+        Some(self.lease_for(state.renewed_at))
+    }
+
+    /// Renews the TTL of an entry and of the version by rewriting them unchanged, conditionally
+    /// on both being unchanged. Returns the entry as read, or `None` if it is gone.
+    async fn renew(&self, address: &SiloAddress) -> Result<Option<MembershipEntry>> {
+        let st = self.statements().await?;
+        let key = address.to_string();
+        for _ in 0..MAX_ATTEMPTS {
+            // A plain read is enough: the conditional write below re-checks both tags.
+            let Some((stored, version, _)) = self.read_one(address, false).await? else {
+                return Ok(None);
+            };
+            if self.opts().ttl_seconds().is_none() {
+                return Ok(Some(stored.entry));
+            }
+            let version_etag = parse_etag(&version.etag).flatten();
+            let Some(version_etag_value) = version_etag else {
+                return Err(MembershipError::corrupt(
+                    None,
+                    "an entry exists but the table version does not; re-initialize the cluster",
+                ));
+            };
+            let values = (
+                UpdateEntryValues {
+                    entry: self.entry_values(&stored.entry, &key, stored.etag),
+                    expected_etag: Some(stored.etag),
+                },
+                self.version_values(version.version as i64, version_etag_value, version_etag),
+            );
+            match self.exec_conditional_batch(&st.update_batch, values).await {
+                Ok(r) => {
+                    if r? {
+                        return Ok(Some(stored.entry));
+                    }
+                    // Lost a race with a membership change: read again.
+                }
+                Err(e) if may_have_applied(&e) => {
+                    // Rewriting unchanged values is harmless either way; report the failure so
+                    // the caller retries the heartbeat.
+                    return Err(MembershipError::Timeout {
+                        operation: "update_i_am_alive",
+                        source: Box::new(e),
+                    });
+                }
+                Err(e) => return Err(to_error("update_i_am_alive", e)),
+            }
+        }
+        Err(MembershipError::Contention {
+            operation: "update_i_am_alive",
+            attempts: MAX_ATTEMPTS,
+            elapsed: Duration::ZERO,
+        })
+    }
+
+    /// `update_i_am_alive`: one plain write of the entry's heartbeat element, plus a check (and
+    /// with TTL a renewal) of the entry once per renewal interval.
+    pub(super) async fn heartbeat(
+        &self,
+        address: &SiloAddress,
+        time: Timestamp,
+    ) -> Result<HeartbeatOutcome> {
+        let st = self.statements().await?;
+        let now = Timestamp::now();
+        let known = self
+            .leases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(address)
+            .copied();
+        let renewal = Duration::from_secs(self.opts().renewal_seconds());
+        let state = match known {
+            Some(s) if now < s.renewed_at.saturating_add(renewal) => s,
+            _ => {
+                // Unknown entry, or its lease is due: check it exists (and renew its TTL).
+                match self.renew(address).await? {
+                    None => {
+                        self.forget_lease(address);
+                        Span::current().record("outcome", "not_found");
+                        return Ok(HeartbeatOutcome::NotFound);
+                    }
+                    Some(entry) => {
+                        let s = LeaseState::after_write(&entry, now);
+                        self.remember_lease(*address, s);
+                        s
+                    }
+                }
+            }
+        };
+        let key = address.to_string();
+        bump(&self.shared.counters.plain_writes);
+        self.session_ref()
+            .execute_unpaged(
+                &st.heartbeat,
+                HeartbeatValues {
+                    ttl: self.write_ttl(),
+                    write_time_micros: time.as_millis().saturating_mul(1000),
+                    silo: &key,
+                    heartbeat: (to_cql(state.start_time), to_cql(time)),
+                    service_id: self.service_id(),
+                    cluster_id: &self.cluster_id,
+                },
+            )
+            .await
+            .map_err(|e| to_error("update_i_am_alive", e))?;
+        let lease = self.lease_for(state.renewed_at);
+        Ok(if state.dead {
+            Span::current().record("outcome", "declared_dead");
+            HeartbeatOutcome::DeclaredDead { lease }
+        } else {
+            Span::current().record("outcome", "refreshed");
+            HeartbeatOutcome::Refreshed { lease }
+        })
+    }
+}

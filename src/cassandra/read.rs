@@ -1,0 +1,243 @@
+//! Linearizable reads: the statics, paged partition reads with a cross-page version check, single rows.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use scylla::response::{PagingState, PagingStateResponse};
+use tracing::{debug, warn};
+use uuid::Uuid;
+
+use super::driver_errors::to_error;
+use super::rows::{
+    EntryRow, EntryWithStaticsRow, StaticsRow, StoredEntry, StoredHeartbeat, decode_entry,
+    decode_version, merge_heartbeat,
+};
+use super::values::{Pk, ReadRowValues};
+use super::{CassandraMembershipTable, MAX_ATTEMPTS, bump};
+use crate::error::{MembershipError, Result};
+use crate::model::{ETag, MembershipRow, MembershipSnapshot, SiloAddress, TableVersion};
+
+/// A full read of one cluster's partition.
+pub(super) struct PartitionRead {
+    pub(super) version: TableVersion,
+    pub(super) version_etag: Option<Uuid>,
+    pub(super) entries: Vec<StoredEntry>,
+    /// Keys of rows with no cells left (only a row marker).
+    pub(super) empty_rows: Vec<String>,
+    pub(super) heartbeats: HashMap<String, StoredHeartbeat>,
+}
+
+impl PartitionRead {
+    pub(super) fn snapshot(&self) -> MembershipSnapshot {
+        let mut rows: Vec<MembershipRow> = self
+            .entries
+            .iter()
+            .map(|s| MembershipRow {
+                entry: merge_heartbeat(
+                    s.entry.clone(),
+                    self.heartbeats.get(&s.entry.address.to_string()).copied(),
+                ),
+                etag: ETag::new(s.etag.to_string()),
+            })
+            .collect();
+        rows.sort_by_key(|r| r.entry.address);
+        MembershipSnapshot {
+            rows,
+            version: self.version.clone(),
+        }
+    }
+}
+
+impl CassandraMembershipTable {
+    pub(super) async fn exec_read(
+        &self,
+        op: &'static str,
+        statement: &scylla::statement::prepared::PreparedStatement,
+        values: impl scylla::serialize::row::SerializeRow,
+        serial: bool,
+    ) -> Result<scylla::response::query_result::QueryResult> {
+        bump(if serial {
+            &self.shared.counters.serial_reads
+        } else {
+            &self.shared.counters.reads
+        });
+        self.session_ref()
+            .execute_unpaged(statement, values)
+            .await
+            .map_err(|e| to_error(op, e))
+    }
+
+    pub(super) async fn read_statics(&self, pk: Pk<'_>) -> Result<StaticsRow> {
+        let st = self.statements().await?;
+        let result = self.exec_read("read", &st.read_statics, pk, true).await?;
+        let rows = result.into_rows_result().map_err(|e| {
+            MembershipError::corrupt(None, format!("read returned no rows result: {e}"))
+        })?;
+        Ok(rows
+            .maybe_first_row::<StaticsRow>()
+            .map_err(|e| self.shape_error(e))?
+            .unwrap_or(StaticsRow {
+                version: None,
+                version_etag: None,
+                heartbeats: None,
+            }))
+    }
+
+    pub(super) fn shape_error(&self, e: impl std::fmt::Display) -> MembershipError {
+        MembershipError::SchemaMismatch {
+            table: self.shared.qualified.clone(),
+            detail: format!("a result does not have the expected columns: {e}"),
+        }
+    }
+
+    /// Reads the whole partition of `cluster_id`: statics first, then the rows page by page,
+    /// all linearizably; restarts if the version moved in between, so the result is one view.
+    pub(super) async fn read_partition(&self, pk: Pk<'_>) -> Result<PartitionRead> {
+        let cluster_id = pk.cluster_id;
+        let started = Instant::now();
+        let st = self.statements().await?;
+        for _ in 0..MAX_ATTEMPTS {
+            let statics = self.read_statics(pk).await?;
+            let version = decode_version(statics.version, statics.version_etag)?;
+            let mut entries = Vec::new();
+            let mut empty_rows = Vec::new();
+            let mut paging = PagingState::start();
+            let mut consistent = true;
+            loop {
+                bump(&self.shared.counters.serial_reads);
+                let (result, next) = self
+                    .session_ref()
+                    .execute_single_page(&st.read_rows, pk, paging)
+                    .await
+                    .map_err(|e| to_error("read", e))?;
+                let rows = result.into_rows_result().map_err(|e| {
+                    MembershipError::corrupt(None, format!("read returned no rows result: {e}"))
+                })?;
+                for row in rows.rows::<EntryRow>().map_err(|e| self.shape_error(e))? {
+                    let row = row.map_err(|e| self.shape_error(e))?;
+                    if row.version_etag != statics.version_etag {
+                        consistent = false;
+                        break;
+                    }
+                    if row.silo.is_none() {
+                        continue; // the partition's static row: no entry
+                    }
+                    if row.is_empty() {
+                        empty_rows.extend(row.silo);
+                        continue;
+                    }
+                    match decode_entry(row) {
+                        Ok(e) => entries.push(e),
+                        Err((silo, reason)) => {
+                            // One damaged row must not hide the whole cluster's membership.
+                            warn!(table = %self.shared.qualified, cluster = cluster_id, silo = ?silo, %reason,
+                                "skipping a damaged membership row");
+                        }
+                    }
+                }
+                if !consistent {
+                    break;
+                }
+                match next {
+                    PagingStateResponse::HasMorePages { state } => paging = state,
+                    PagingStateResponse::NoMorePages => break,
+                }
+            }
+            if consistent {
+                return Ok(PartitionRead {
+                    version,
+                    version_etag: statics.version_etag,
+                    entries,
+                    empty_rows,
+                    heartbeats: statics.heartbeats.unwrap_or_default(),
+                });
+            }
+            debug!(
+                cluster = cluster_id,
+                "the version moved during a paged read; reading again"
+            );
+        }
+        Err(MembershipError::Contention {
+            operation: "read",
+            attempts: MAX_ATTEMPTS,
+            elapsed: started.elapsed(),
+        })
+    }
+
+    /// One entry with the partition's version and its heartbeat element, in one query.
+    /// `Ok(None)` when the row does not exist. Damage in this row is an error: the caller asked for it.
+    pub(super) async fn read_one(
+        &self,
+        address: &SiloAddress,
+        serial: bool,
+    ) -> Result<Option<(StoredEntry, TableVersion, Option<StoredHeartbeat>)>> {
+        let st = self.statements().await?;
+        let key = address.to_string();
+        let statement = if serial {
+            &st.read_row
+        } else {
+            &st.read_row_quorum
+        };
+        let result = self
+            .exec_read(
+                "read_row",
+                statement,
+                ReadRowValues {
+                    heartbeat_key: &key,
+                    service_id: self.service_id(),
+                    cluster_id: &self.cluster_id,
+                    silo: &key,
+                },
+                serial,
+            )
+            .await?;
+        let rows = result.into_rows_result().map_err(|e| {
+            MembershipError::corrupt(Some(&key), format!("read returned no rows result: {e}"))
+        })?;
+        let Some(row) = rows
+            .maybe_first_row::<EntryWithStaticsRow>()
+            .map_err(|e| self.shape_error(e))?
+        else {
+            return Ok(None);
+        };
+        let version_etag = row.version_etag;
+        let (row, version, heartbeat) = row.split();
+        if row.is_empty() {
+            return Ok(None); // only a row marker is left: no entry (an insert may take the key)
+        }
+        let version = decode_version(version, version_etag)?;
+        let stored = decode_entry(row)
+            .map_err(|(_, reason)| MembershipError::corrupt(Some(&key), reason))?;
+        Ok(Some((stored, version, heartbeat)))
+    }
+
+    /// `read_row`: the entry with the version, or the version alone, as one linearizable view.
+    pub(super) async fn read_row_snapshot(
+        &self,
+        address: &SiloAddress,
+    ) -> Result<MembershipSnapshot> {
+        let found =
+            |(stored, version, heartbeat): (StoredEntry, TableVersion, Option<StoredHeartbeat>)| {
+                MembershipSnapshot {
+                    rows: vec![MembershipRow {
+                        entry: merge_heartbeat(stored.entry, heartbeat),
+                        etag: ETag::new(stored.etag.to_string()),
+                    }],
+                    version,
+                }
+            };
+        if let Some(hit) = self.read_one(address, true).await? {
+            return Ok(found(hit));
+        }
+        // A missing row carries no statics: read the version, then make sure the row is still
+        // missing (rows only appear through versioned inserts, so both reads describe one view).
+        let statics = self.read_statics(self.pk()).await?;
+        if let Some(hit) = self.read_one(address, true).await? {
+            return Ok(found(hit));
+        }
+        Ok(MembershipSnapshot {
+            rows: Vec::new(),
+            version: decode_version(statics.version, statics.version_etag)?,
+        })
+    }
+}

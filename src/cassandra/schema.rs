@@ -1,0 +1,235 @@
+//! Schema: keyspace and table creation, schema agreement, column and settings checks, `initialize`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tracing::debug;
+use uuid::Uuid;
+
+use super::CassandraMembershipTable;
+use super::driver_errors::{may_have_applied, to_error};
+use super::statements::{self, create_keyspace_cql, create_table_cql};
+use super::values::InitVersionValues;
+use crate::error::{MembershipError, Result};
+
+/// The schema-check detail for a table whose columns are not (yet) listed.
+const NO_COLUMNS: &str = "the table has no columns (yet)";
+
+impl CassandraMembershipTable {
+    /// `initialize`: the schema, the TTL reconciliation, then the cluster's version if asked.
+    pub(super) async fn initialize_cluster(&self, try_init_version: bool) -> Result<()> {
+        self.ensure_schema().await?;
+        // Another silo may have just created the table: its schema can be listed a moment before
+        // the node serves it, so preparing is retried for a short while.
+        let mut attempt = 0;
+        let st = loop {
+            match self.statements().await {
+                Ok(st) => break st,
+                Err(MembershipError::SchemaMismatch { .. }) if attempt < 40 => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        self.reconcile_ttl().await?;
+        if !try_init_version {
+            return Ok(());
+        }
+        let values = InitVersionValues {
+            ttl: self.write_ttl(),
+            new_version_etag: Uuid::new_v4(),
+            service_id: self.service_id(),
+            cluster_id: &self.cluster_id,
+        };
+        match self.exec_conditional(&st.init_version, values).await {
+            Ok(r) => {
+                let created = r?;
+                debug!(created, "table version initialized");
+                Ok(())
+            }
+            Err(e) if may_have_applied(&e) => {
+                // Either this write or another silo's created the version, or none did: look.
+                let statics = self.read_statics(self.pk()).await?;
+                if statics.version_etag.is_some() {
+                    Ok(())
+                } else {
+                    Err(MembershipError::OutcomeUnknown {
+                        operation: "initialize",
+                        detail: "the version is still missing after an ambiguous write".into(),
+                        source: Box::new(e),
+                    })
+                }
+            }
+            Err(e) => Err(to_error("initialize", e)),
+        }
+    }
+
+    async fn ensure_schema(&self) -> Result<()> {
+        let o = self.opts();
+        let session = self.session_ref();
+        if let Some(replication) = &o.create_keyspace_with_replication {
+            session
+                .query_unpaged(create_keyspace_cql(&o.keyspace, replication), ())
+                .await
+                .map_err(|e| to_error("initialize", e))?;
+            self.await_schema_agreement().await?;
+        }
+        if !self.keyspace_exists().await? {
+            return Err(MembershipError::SchemaMismatch {
+                table: self.shared.qualified.clone(),
+                detail: format!(
+                    "keyspace {:?} does not exist: create it with the replication your cluster needs \
+                     (the provider does not choose one), or for development set create_keyspace_with_replication",
+                    o.keyspace
+                ),
+            });
+        }
+        if self.table_settings().await?.is_none() {
+            let ddl = create_table_cql(
+                &self.shared.qualified,
+                statements::table_id(&o.keyspace, &o.table),
+                o.ttl_seconds().unwrap_or(0),
+                o.gc_grace.as_secs(),
+            );
+            session
+                .query_unpaged(ddl, ())
+                .await
+                .map_err(|e| to_error("initialize", e))?;
+        }
+        // Also when another silo just created the table: until every node has its schema, a
+        // quorum read of it can fail (INCOMPATIBLE_SCHEMA) on the nodes that do not.
+        self.await_schema_agreement().await?;
+        // A table another silo has just created may be listed before its columns are.
+        for _ in 0..40 {
+            match self.check_columns().await {
+                Err(MembershipError::SchemaMismatch { detail, .. }) if detail == NO_COLUMNS => {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                other => return other,
+            }
+        }
+        self.check_columns().await
+    }
+
+    pub(super) async fn await_schema_agreement(&self) -> Result<()> {
+        self.session_ref()
+            .await_schema_agreement()
+            .await
+            .map(|_| ())
+            .map_err(|e| MembershipError::Unavailable {
+                operation: "initialize",
+                source: Box::new(e),
+            })
+    }
+
+    async fn keyspace_exists(&self) -> Result<bool> {
+        let result = self
+            .session_ref()
+            .query_unpaged(
+                "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",
+                (&self.opts().keyspace,),
+            )
+            .await
+            .map_err(|e| to_error("initialize", e))?;
+        let rows = result
+            .into_rows_result()
+            .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?;
+        Ok(rows.rows_num() > 0)
+    }
+
+    /// `default_time_to_live` and `gc_grace_seconds` of the table, if it exists.
+    pub(super) async fn table_settings(&self) -> Result<Option<(i32, i32)>> {
+        let o = self.opts();
+        let result = self
+            .session_ref()
+            .query_unpaged(
+                "SELECT default_time_to_live, gc_grace_seconds FROM system_schema.tables \
+                 WHERE keyspace_name = ? AND table_name = ?",
+                (&o.keyspace, &o.table),
+            )
+            .await
+            .map_err(|e| to_error("initialize", e))?;
+        let rows = result
+            .into_rows_result()
+            .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?;
+        rows.maybe_first_row::<(Option<i32>, Option<i32>)>()
+            .map(|r| r.map(|(ttl, gc)| (ttl.unwrap_or(0), gc.unwrap_or(0))))
+            .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))
+    }
+
+    async fn check_columns(&self) -> Result<()> {
+        let o = self.opts();
+        let result = self
+            .session_ref()
+            .query_unpaged(
+                "SELECT column_name, type, kind FROM system_schema.columns WHERE keyspace_name = ? AND table_name = ?",
+                (&o.keyspace, &o.table),
+            )
+            .await
+            .map_err(|e| to_error("initialize", e))?;
+        let rows = result
+            .into_rows_result()
+            .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?;
+        let mut actual = HashMap::new();
+        for row in rows
+            .rows::<(String, String, String)>()
+            .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?
+        {
+            let (name, ty, kind) = row
+                .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?;
+            actual.insert(name, (ty, kind));
+        }
+        let expected: &[(&str, &str, &str)] = &[
+            ("service_id", "text", "partition_key"),
+            ("cluster_id", "text", "partition_key"),
+            ("silo", "text", "clustering"),
+            ("version", "bigint", "static"),
+            ("version_etag", "uuid", "static"),
+            (
+                "heartbeats",
+                "map<text, frozen<tuple<timestamp, timestamp>>>",
+                "static",
+            ),
+            ("etag", "uuid", "regular"),
+            ("status", "int", "regular"),
+            (
+                "suspect_times",
+                "frozen<list<frozen<tuple<text, timestamp>>>>",
+                "regular",
+            ),
+            ("proxy_port", "int", "regular"),
+            ("host_name", "text", "regular"),
+            ("silo_name", "text", "regular"),
+            ("role_name", "text", "regular"),
+            ("update_zone", "int", "regular"),
+            ("fault_zone", "int", "regular"),
+            ("start_time", "timestamp", "regular"),
+            ("i_am_alive", "timestamp", "regular"),
+        ];
+        if actual.is_empty() {
+            return Err(MembershipError::SchemaMismatch {
+                table: self.shared.qualified.clone(),
+                detail: NO_COLUMNS.into(),
+            });
+        }
+        let mut problems = Vec::new();
+        for (name, ty, kind) in expected {
+            match actual.get(*name) {
+                None => problems.push(format!("column {name} is missing")),
+                Some((t, k)) if t.replace(' ', "") != ty.replace(' ', "") || k != kind => {
+                    problems.push(format!("column {name} is {k} {t}, expected {kind} {ty}"))
+                }
+                Some(_) => {}
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(MembershipError::SchemaMismatch {
+                table: self.shared.qualified.clone(),
+                detail: problems.join("; "),
+            })
+        }
+    }
+}

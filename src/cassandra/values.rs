@@ -1,0 +1,142 @@
+//! Bind values: one struct per statement file, field names being the bind marker names.
+
+use scylla::SerializeRow;
+use scylla::value::CqlTimestamp;
+use uuid::Uuid;
+
+use super::rows::StoredHeartbeat;
+use crate::model::Timestamp;
+
+/// One cluster's partition key; also the bind values of statements that take only it.
+#[derive(Clone, Copy, Debug, SerializeRow)]
+pub(crate) struct Pk<'a> {
+    pub(super) service_id: &'a str,
+    pub(super) cluster_id: &'a str,
+}
+
+#[derive(SerializeRow)]
+pub(super) struct InitVersionValues<'a> {
+    pub(super) ttl: i32,
+    pub(super) new_version_etag: Uuid,
+    pub(super) service_id: &'a str,
+    pub(super) cluster_id: &'a str,
+}
+
+#[derive(SerializeRow)]
+pub(super) struct ReadRowValues<'a> {
+    pub(super) heartbeat_key: &'a str,
+    pub(super) service_id: &'a str,
+    pub(super) cluster_id: &'a str,
+    pub(super) silo: &'a str,
+}
+
+#[derive(SerializeRow)]
+pub(super) struct EntryValues<'a> {
+    pub(super) service_id: &'a str,
+    pub(super) cluster_id: &'a str,
+    pub(super) silo: &'a str,
+    pub(super) new_etag: Uuid,
+    pub(super) status: i32,
+    pub(super) suspect_times: Vec<(String, CqlTimestamp)>,
+    pub(super) proxy_port: i32,
+    pub(super) host_name: &'a str,
+    pub(super) silo_name: &'a str,
+    pub(super) role_name: &'a str,
+    pub(super) update_zone: i32,
+    pub(super) fault_zone: i32,
+    pub(super) start_time: CqlTimestamp,
+    pub(super) i_am_alive: CqlTimestamp,
+    pub(super) ttl: i32,
+}
+
+#[derive(SerializeRow)]
+pub(super) struct UpdateEntryValues<'a> {
+    #[scylla(flatten)]
+    pub(super) entry: EntryValues<'a>,
+    /// `None` for an insert: the row must have no etag (missing, or an empty marker).
+    pub(super) expected_etag: Option<Uuid>,
+}
+
+#[derive(SerializeRow)]
+pub(super) struct WriteVersionValues<'a> {
+    pub(super) ttl: i32,
+    pub(super) version: i64,
+    pub(super) new_version_etag: Uuid,
+    pub(super) service_id: &'a str,
+    pub(super) cluster_id: &'a str,
+    pub(super) expected_version_etag: Option<Uuid>,
+}
+
+#[derive(SerializeRow)]
+pub(super) struct SiloKey<'a> {
+    pub(super) silo: &'a str,
+    pub(super) service_id: &'a str,
+    pub(super) cluster_id: &'a str,
+}
+
+#[derive(SerializeRow)]
+pub(super) struct HeartbeatValues<'a> {
+    pub(super) ttl: i32,
+    pub(super) write_time_micros: i64,
+    pub(super) silo: &'a str,
+    pub(super) heartbeat: (CqlTimestamp, CqlTimestamp),
+    pub(super) service_id: &'a str,
+    pub(super) cluster_id: &'a str,
+}
+
+#[derive(SerializeRow)]
+pub(super) struct DeleteEntryValues<'a> {
+    pub(super) service_id: &'a str,
+    pub(super) cluster_id: &'a str,
+    pub(super) silo: &'a str,
+    pub(super) expected_etag: Uuid,
+    pub(super) heartbeat_key: &'a str,
+    pub(super) expected_heartbeat: Option<StoredHeartbeat>,
+}
+
+#[derive(SerializeRow)]
+pub(super) struct DeleteHeartbeatValues<'a> {
+    pub(super) silo: &'a str,
+    pub(super) write_time_micros: i64,
+    pub(super) service_id: &'a str,
+    pub(super) cluster_id: &'a str,
+}
+
+#[derive(SerializeRow)]
+pub(super) struct DeleteStaticsValues<'a> {
+    pub(super) service_id: &'a str,
+    pub(super) cluster_id: &'a str,
+    pub(super) expected_version_etag: Option<Uuid>,
+}
+
+/// The values of one statement of a `delete_cluster` batch.
+pub(super) enum DeleteClusterValues<'a> {
+    Row(SiloKey<'a>),
+    Statics(DeleteStaticsValues<'a>),
+}
+
+impl scylla::serialize::row::SerializeRow for DeleteClusterValues<'_> {
+    fn serialize(
+        &self,
+        ctx: &scylla::serialize::row::RowSerializationContext<'_>,
+        writer: &mut scylla::serialize::writers::RowWriter,
+    ) -> std::result::Result<(), scylla::serialize::SerializationError> {
+        match self {
+            DeleteClusterValues::Row(v) => v.serialize(ctx, writer),
+            DeleteClusterValues::Statics(v) => v.serialize(ctx, writer),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+pub(super) fn ttl_value(seconds: u64) -> i32 {
+    // Validated options keep every TTL under MAX_TTL_SECONDS, which fits an i32.
+    i32::try_from(seconds).unwrap_or(i32::MAX)
+}
+
+pub(super) fn to_cql(t: Timestamp) -> CqlTimestamp {
+    CqlTimestamp(t.as_millis())
+}

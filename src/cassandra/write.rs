@@ -1,0 +1,249 @@
+//! Conditional writes: the versioned insert/update batch, `[applied]`, and resolving ambiguous outcomes.
+
+use scylla::errors::ExecutionError;
+use scylla::statement::batch::Batch;
+use scylla::value::{CqlValue, Row};
+use tracing::{Span, info, warn};
+use uuid::Uuid;
+
+use super::driver_errors::{may_have_applied, to_error};
+use super::lease::LeaseState;
+use super::values::{EntryValues, Pk, UpdateEntryValues, WriteVersionValues, to_cql};
+use super::{CassandraMembershipTable, bump};
+use crate::error::{MembershipError, Result};
+use crate::model::{ETag, MembershipEntry, TableVersion, Timestamp};
+
+/// An insert or update in flight: what identifies its effect if its outcome must be resolved.
+struct VersionedWrite<'a> {
+    operation: &'static str,
+    entry: &'a MembershipEntry,
+    expected_version: Option<Uuid>,
+    new_row_etag: Uuid,
+    new_version_etag: Uuid,
+}
+
+/// `Some(None)` for the absent tag, `Some(Some(id))` for a tag this provider issued, `None` for
+/// anything else (which can never match).
+pub(super) fn parse_etag(etag: &ETag) -> Option<Option<Uuid>> {
+    if etag.is_absent() {
+        Some(None)
+    } else {
+        Uuid::parse_str(etag.as_str()).ok().map(Some)
+    }
+}
+
+fn applied(result: scylla::response::query_result::QueryResult) -> Result<bool> {
+    let rows = result.into_rows_result().map_err(|e| {
+        MembershipError::corrupt(
+            None,
+            format!("conditional write returned no [applied] row: {e}"),
+        )
+    })?;
+    let first: Option<Row> = rows
+        .maybe_first_row::<Row>()
+        .map_err(|e| MembershipError::corrupt(None, format!("unreadable [applied] row: {e}")))?;
+    // Cassandra and ScyllaDB return different extra columns; only the first one, [applied], counts.
+    match first.and_then(|r| r.columns.into_iter().next()) {
+        Some(Some(CqlValue::Boolean(b))) => Ok(b),
+        other => Err(MembershipError::corrupt(
+            None,
+            format!("unexpected [applied] column: {other:?}"),
+        )),
+    }
+}
+
+impl CassandraMembershipTable {
+    pub(super) async fn exec_conditional_batch(
+        &self,
+        batch: &Batch,
+        values: impl scylla::serialize::batch::BatchValues,
+    ) -> std::result::Result<Result<bool>, ExecutionError> {
+        bump(&self.shared.counters.conditional_writes);
+        match self.session_ref().batch(batch, values).await {
+            Ok(r) => Ok(applied(r)),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(super) async fn exec_conditional(
+        &self,
+        statement: &scylla::statement::prepared::PreparedStatement,
+        values: impl scylla::serialize::row::SerializeRow,
+    ) -> std::result::Result<Result<bool>, ExecutionError> {
+        bump(&self.shared.counters.conditional_writes);
+        match self.session_ref().execute_unpaged(statement, values).await {
+            Ok(r) => Ok(applied(r)),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(super) fn entry_values_in<'a>(
+        &'a self,
+        pk: Pk<'a>,
+        entry: &'a MembershipEntry,
+        silo: &'a str,
+        new_etag: Uuid,
+        ttl: i32,
+    ) -> EntryValues<'a> {
+        EntryValues {
+            service_id: pk.service_id,
+            cluster_id: pk.cluster_id,
+            silo,
+            new_etag,
+            status: entry.status.code(),
+            suspect_times: entry
+                .suspect_times
+                .iter()
+                .map(|s| (s.suspecting_silo.to_string(), to_cql(s.time)))
+                .collect(),
+            proxy_port: i32::from(entry.proxy_port),
+            host_name: &entry.host_name,
+            silo_name: &entry.silo_name,
+            role_name: &entry.role_name,
+            update_zone: entry.update_zone,
+            fault_zone: entry.fault_zone,
+            start_time: to_cql(entry.start_time),
+            i_am_alive: to_cql(entry.i_am_alive_time),
+            ttl,
+        }
+    }
+
+    pub(super) fn entry_values<'a>(
+        &'a self,
+        entry: &'a MembershipEntry,
+        silo: &'a str,
+        new_etag: Uuid,
+    ) -> EntryValues<'a> {
+        self.entry_values_in(self.pk(), entry, silo, new_etag, self.write_ttl())
+    }
+
+    pub(super) fn version_values_in<'a>(
+        &self,
+        pk: Pk<'a>,
+        version: i64,
+        new_etag: Uuid,
+        expected: Option<Uuid>,
+        ttl: i32,
+    ) -> WriteVersionValues<'a> {
+        WriteVersionValues {
+            ttl,
+            version,
+            new_version_etag: new_etag,
+            service_id: pk.service_id,
+            cluster_id: pk.cluster_id,
+            expected_version_etag: expected,
+        }
+    }
+
+    pub(super) fn version_values(
+        &self,
+        version: i64,
+        new_etag: Uuid,
+        expected: Option<Uuid>,
+    ) -> WriteVersionValues<'_> {
+        self.version_values_in(self.pk(), version, new_etag, expected, self.write_ttl())
+    }
+
+    /// `insert_row` / `update_row`: writes the whole entry and the next version in one
+    /// conditional batch, expecting `row_etag` (absent for an insert) and the caller's version tag.
+    pub(super) async fn write_entry(
+        &self,
+        operation: &'static str,
+        entry: &MembershipEntry,
+        row_etag: Option<&ETag>,
+        new_version: &TableVersion,
+    ) -> Result<bool> {
+        let version = i64::try_from(new_version.version).map_err(|_| {
+            MembershipError::config("new_version.version", "does not fit a CQL bigint")
+        })?;
+        let (Some(expected), Some(expected_row)) =
+            (parse_etag(&new_version.etag), row_etag.and_then(parse_etag))
+        else {
+            return Ok(false); // tags this table never issued cannot match
+        };
+        let st = self.statements().await?;
+        let key = entry.address.to_string();
+        let (new_row_etag, new_version_etag) = (Uuid::new_v4(), Uuid::new_v4());
+        let values = (
+            UpdateEntryValues {
+                entry: self.entry_values(entry, &key, new_row_etag),
+                expected_etag: expected_row,
+            },
+            self.version_values(version, new_version_etag, expected),
+        );
+        let write = VersionedWrite {
+            operation,
+            entry,
+            expected_version: expected,
+            new_row_etag,
+            new_version_etag,
+        };
+        self.versioned_write(&st.update_batch, values, write).await
+    }
+
+    /// Runs an insert or update batch; an ambiguous failure is resolved by [`Self::resolve`].
+    async fn versioned_write(
+        &self,
+        batch: &Batch,
+        values: impl scylla::serialize::batch::BatchValues,
+        w: VersionedWrite<'_>,
+    ) -> Result<bool> {
+        let sent_at = Timestamp::now();
+        let applied = match self.exec_conditional_batch(batch, values).await {
+            Ok(r) => r?,
+            Err(e) if may_have_applied(&e) => self.resolve(&w, e).await?,
+            Err(e) => return Err(to_error(w.operation, e)),
+        };
+        if applied {
+            self.remember_lease(w.entry.address, LeaseState::after_write(w.entry, sent_at));
+        }
+        Span::current().record("applied", applied);
+        Ok(applied)
+    }
+
+    /// Decides an ambiguous conditional write by a linearizable re-read: a serial read completes
+    /// or supersedes any in-flight Paxos proposal, so what it shows is final.
+    async fn resolve(&self, w: &VersionedWrite<'_>, err: ExecutionError) -> Result<bool> {
+        let (operation, address) = (w.operation, &w.entry.address);
+        let (expected_version, new_row_etag, new_version_etag) =
+            (w.expected_version, w.new_row_etag, w.new_version_etag);
+        warn!(operation, silo = %address, error = %err, "conditional write outcome unknown; re-reading serially");
+        let unknown = |detail: String, err: ExecutionError| MembershipError::OutcomeUnknown {
+            operation,
+            detail,
+            source: Box::new(err),
+        };
+        let found = match self.read_one(address, true).await {
+            Ok(Some((row, version, _))) => Some((row.etag, version)),
+            Ok(None) => None,
+            Err(read_err) => {
+                return Err(unknown(format!("the re-read failed too: {read_err}"), err));
+            }
+        };
+        let current_version_etag = match &found {
+            Some((_, v)) => parse_etag(&v.etag).flatten(),
+            None => match self.read_statics(self.pk()).await {
+                Ok(s) => s.version_etag,
+                Err(read_err) => {
+                    return Err(unknown(format!("the re-read failed too: {read_err}"), err));
+                }
+            },
+        };
+        let row_is_ours = found
+            .as_ref()
+            .is_some_and(|(etag, _)| *etag == new_row_etag);
+        if row_is_ours || current_version_etag == Some(new_version_etag) {
+            info!(operation, silo = %address, "ambiguous conditional write had applied");
+            return Ok(true);
+        }
+        if current_version_etag == expected_version {
+            // Version tags are never reused, so the version never moved: the write did not apply.
+            info!(operation, silo = %address, "ambiguous conditional write had not applied");
+            return Ok(false);
+        }
+        Err(unknown(
+            "the table changed since; whether this write applied cannot be told".into(),
+            err,
+        ))
+    }
+}
