@@ -170,17 +170,25 @@ async fn floor(s: &Session, table: &str) -> Res<Floor> {
         b.set_serial_consistency(Some(SerialConsistency::Serial));
         b
     };
-    let update_entry = prep(include_str!("../cql/update_entry.cql"), Consistency::Quorum).await?;
+    let update_entry = prep(
+        include_str!("../../cql/update_entry.cql"),
+        Consistency::Quorum,
+    )
+    .await?;
     let write_version = prep(
-        include_str!("../cql/write_version.cql"),
+        include_str!("../../cql/write_version.cql"),
         Consistency::Quorum,
     )
     .await?;
     Ok(Floor {
-        read_statics: prep(include_str!("../cql/read_statics.cql"), Consistency::Serial).await?,
-        read_rows: prep(include_str!("../cql/read_rows.cql"), Consistency::Serial).await?,
-        read_row: prep(include_str!("../cql/read_row.cql"), Consistency::Serial).await?,
-        heartbeat: prep(include_str!("../cql/heartbeat.cql"), Consistency::Quorum).await?,
+        read_statics: prep(
+            include_str!("../../cql/read_statics.cql"),
+            Consistency::Serial,
+        )
+        .await?,
+        read_rows: prep(include_str!("../../cql/read_rows.cql"), Consistency::Serial).await?,
+        read_row: prep(include_str!("../../cql/read_row.cql"), Consistency::Serial).await?,
+        heartbeat: prep(include_str!("../../cql/heartbeat.cql"), Consistency::Quorum).await?,
         insert: batch(vec![update_entry.clone(), write_version.clone()]),
         update: batch(vec![update_entry, write_version]),
         local: s
@@ -875,7 +883,7 @@ async fn churn(s: &Arc<Session>, r: &mut Report) -> Res<Vec<(String, f64, f64)>>
             // Expired generations: the provider's insert statement, plain and batched, TTL 1 s.
             let q = format!("\"{KS}\".\"{table}\"");
             let ins = s
-                .prepare(include_str!("../cql/rewrite_entry.cql").replace("{table}", &q))
+                .prepare(include_str!("../../cql/rewrite_entry.cql").replace("{table}", &q))
                 .await?;
             let mut written = 0;
             while written < n {
@@ -917,7 +925,7 @@ async fn churn(s: &Arc<Session>, r: &mut Report) -> Res<Vec<(String, f64, f64)>>
             }
             let (tomb, _) = tombstones(
                 s,
-                &include_str!("../cql/read_rows.cql").replace("{table}", &q),
+                &include_str!("../../cql/read_rows.cql").replace("{table}", &q),
                 &cluster,
             )
             .await
