@@ -12,7 +12,8 @@ use crate::error::Result;
 use crate::model::{MembershipEntry, SiloAddress, SiloStatus};
 use crate::options::MembershipOptions;
 use crate::runtime::cleanup::DefunctCleanup;
-use crate::runtime::heartbeat::{Heartbeat, SiloHealth};
+use crate::runtime::health::SiloHealth;
+use crate::runtime::heartbeat::Heartbeat;
 use crate::runtime::protocol;
 use crate::table::MembershipTable;
 

@@ -1,0 +1,95 @@
+//! The bench keyspace and its fixtures: session, provider tables, generated silos, warm-up.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cassandra_membership::{
+    CassandraClusteringOptions, CassandraMembershipTable, MembershipEntry, MembershipOptions,
+    MembershipTable, SiloAddress, SiloStatus, Timestamp,
+};
+use scylla::client::session::Session;
+use scylla::client::session_builder::SessionBuilder;
+
+pub(crate) const KS: &str = "cm_bench";
+
+pub(crate) type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+pub(crate) fn address(n: u32, generation: i32) -> SiloAddress {
+    SiloAddress::new(
+        std::net::SocketAddr::new(
+            std::net::IpAddr::V4(std::net::Ipv4Addr::new(
+                10,
+                (n >> 16) as u8,
+                (n >> 8) as u8,
+                n as u8,
+            )),
+            11111,
+        ),
+        generation,
+    )
+}
+
+pub(crate) fn entry(n: u32) -> MembershipEntry {
+    let mut e = MembershipEntry::new(address(n, 1), SiloStatus::Active, Timestamp::now());
+    e.host_name = format!("host-{n}");
+    e.silo_name = format!("silo-{n}");
+    e.proxy_port = 30000;
+    e
+}
+
+pub(crate) async fn session() -> Res<Arc<Session>> {
+    let points =
+        std::env::var("CASSANDRA_CONTACT_POINTS").unwrap_or_else(|_| "127.0.0.1:9042".into());
+    let s = SessionBuilder::new()
+        .known_nodes(points.split(','))
+        .build()
+        .await?;
+    Ok(Arc::new(s))
+}
+
+pub(crate) fn opts(cluster: &str, table: &str, ttl: bool) -> CassandraClusteringOptions {
+    let mut m = MembershipOptions::default();
+    m.defunct_silo_expiration = Duration::from_secs(3600);
+    CassandraClusteringOptions::new(KS, "bench", cluster)
+        .table(table)
+        .ttl(ttl)
+        .membership(m)
+}
+
+pub(crate) async fn provider(
+    s: &Arc<Session>,
+    cluster: &str,
+    table: &str,
+    ttl: bool,
+) -> Res<CassandraMembershipTable> {
+    let t = CassandraMembershipTable::with_session(Arc::clone(s), opts(cluster, table, ttl))?;
+    t.initialize(true).await?;
+    Ok(t)
+}
+
+pub(crate) async fn fill(t: &CassandraMembershipTable, from: u32, to: u32) -> Res<()> {
+    for n in from..to {
+        let v = t.read_all().await?.version;
+        if !t.insert_row(&entry(n), &v.next()).await? {
+            return Err("insert failed".into());
+        }
+    }
+    Ok(())
+}
+
+/// Ten seconds of mixed traffic first, so the node's JIT has compiled the paths measured.
+pub(crate) async fn warm_up(s: &Arc<Session>) -> Res<()> {
+    let t = provider(s, "warm-up", "membership", false).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut n = 0;
+    while Instant::now() < deadline {
+        let v = t.read_all().await?.version;
+        t.insert_row(&entry(50_000 + n), &v.next()).await?;
+        t.update_i_am_alive(&entry(50_000 + n).address, Timestamp::now())
+            .await?;
+        t.read_row(&entry(50_000 + n).address).await?;
+        n += 1;
+    }
+    t.delete_cluster("warm-up").await?;
+    Ok(())
+}
