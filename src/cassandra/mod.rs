@@ -1,7 +1,6 @@
-//! The membership table on Apache Cassandra / ScyllaDB: the type, its construction, and the
-//! [`MembershipTable`] impl, which delegates to one module per responsibility.
+//! The membership table on Apache Cassandra / ScyllaDB: the type, construction, the trait impl.
 //!
-//! Layout (see `cql/create_table.cql`): one partition per (service id, cluster id). The table
+//! The [`MembershipTable`] impl delegates to one module per responsibility. Layout (see `cql/create_table.cql`): one partition per (service id, cluster id). The table
 //! version lives in two static cells; every entry is one clustering row; heartbeats are elements
 //! of a static map. Every membership write is one conditional batch on the partition, so a row
 //! and the version commit together or not at all. Heartbeats are plain writes that touch only
@@ -247,6 +246,7 @@ impl CassandraMembershipTable {
             })
             .await
     }
+
     fn pk(&self) -> Pk<'_> {
         self.pk_of(&self.cluster_id)
     }
