@@ -98,6 +98,20 @@ pub enum MembershipError {
         reason: String,
     },
 
+    /// Storage refused the credentials (authentication) or the role lacks a permission
+    /// (authorization). Nothing was written. Never transient: retrying with the same
+    /// configuration fails the same way; fix the credentials or grants.
+    #[error("access denied{} during {operation}: the credentials were refused or the role lacks a permission", user.as_deref().map(|u| format!(" to user {u:?}")).unwrap_or_else(|| " (no credentials configured)".into()))]
+    AccessDenied {
+        /// The table operation (`connect` for a refused login).
+        operation: &'static str,
+        /// The configured username, if any. The password is never kept.
+        user: Option<String>,
+        /// The driver's error (it names the user at most, never the password).
+        #[source]
+        source: BoxError,
+    },
+
     /// Storage refused the request for another reason (permissions, invalid request, server
     /// error). A conditional write that failed this way did not apply.
     #[error("storage error during {operation}")]

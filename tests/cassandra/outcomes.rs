@@ -20,8 +20,12 @@ use scylla_proxy::{
 use crate::utils::{contact_points, options, session_with_keyspace, unique};
 
 /// A proxy in front of the first contact point, and a table whose session goes through it.
-async fn proxied(cluster: &str) -> (RunningProxy, CassandraMembershipTable) {
-    session_with_keyspace().await; // the keyspace exists
+pub(crate) async fn proxied(cluster: &str) -> (RunningProxy, CassandraMembershipTable) {
+    proxied_with(cluster, |b| b).await
+}
+
+/// A running proxy in front of the first contact point: (proxy, its address, the real address).
+pub(crate) async fn start_proxy() -> (RunningProxy, SocketAddr, SocketAddr) {
     let real: SocketAddr = contact_points()[0]
         .parse()
         .expect("contact point is ip:port");
@@ -38,10 +42,22 @@ async fn proxied(cluster: &str) -> (RunningProxy, CassandraMembershipTable) {
         .run()
         .await
         .expect("proxy starts");
-    let session = SessionBuilder::new()
-        .known_node_addr(proxy_addr)
-        .address_translator(Arc::new(HashMap::from([(real, proxy_addr)])))
-        .build()
+    (proxy, proxy_addr, real)
+}
+
+/// [`proxied`] with a host's own session settings (e.g. its own retry policy).
+pub(crate) async fn proxied_with(
+    cluster: &str,
+    host: impl FnOnce(SessionBuilder) -> SessionBuilder,
+) -> (RunningProxy, CassandraMembershipTable) {
+    session_with_keyspace().await; // the keyspace exists
+    let (proxy, proxy_addr, real) = start_proxy().await;
+    let session = host(
+        SessionBuilder::new()
+            .known_node_addr(proxy_addr)
+            .address_translator(Arc::new(HashMap::from([(real, proxy_addr)]))),
+    )
+    .build()
         .await
         .expect("session through the proxy");
     let table = CassandraMembershipTable::with_session(
