@@ -107,6 +107,11 @@ pub struct CassandraClusteringOptions {
     /// handshake, authentication and the driver's first metadata fetch. Default 5 s.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
+    /// How long `initialize` waits for one schema change (`CREATE KEYSPACE` / `CREATE TABLE` /
+    /// `ALTER TABLE`, which the driver follows with a schema-agreement wait) and for each
+    /// explicit schema-agreement wait. Default 30 s.
+    #[serde(with = "humantime_serde")]
+    pub schema_timeout: Duration,
     /// Rows per page when reading a cluster. Default 1000.
     pub page_size: u32,
     /// Credentials; default none.
@@ -141,6 +146,7 @@ impl Default for CassandraClusteringOptions {
             consistency: ConsistencyProfile::Quorum,
             request_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
+            schema_timeout: Duration::from_secs(30),
             page_size: 1000,
             credentials: None,
             ttl: false,
@@ -215,6 +221,12 @@ impl CassandraClusteringOptions {
     /// Sets the connect timeout.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets the schema-change timeout.
+    pub fn schema_timeout(mut self, timeout: Duration) -> Self {
+        self.schema_timeout = timeout;
         self
     }
 
@@ -355,6 +367,14 @@ impl CassandraClusteringOptions {
         {
             return Err(MembershipError::config(
                 "connect_timeout",
+                "must be between 100ms and 1h",
+            ));
+        }
+        if self.schema_timeout < Duration::from_millis(100)
+            || self.schema_timeout > Duration::from_secs(3600)
+        {
+            return Err(MembershipError::config(
+                "schema_timeout",
                 "must be between 100ms and 1h",
             ));
         }

@@ -21,9 +21,17 @@ async fn within<T>(limit: Duration, call: impl Future<Output = T>) -> (T, Durati
     let started = Instant::now();
     let outcome = tokio::time::timeout(limit + MARGIN + Duration::from_secs(10), call)
         .await
-        .unwrap_or_else(|_| panic!("still running {:?} after a {limit:?} timeout", started.elapsed()));
+        .unwrap_or_else(|_| {
+            panic!(
+                "still running {:?} after a {limit:?} timeout",
+                started.elapsed()
+            )
+        });
     let took = started.elapsed();
-    assert!(took <= limit + MARGIN, "took {took:?} for a {limit:?} timeout");
+    assert!(
+        took <= limit + MARGIN,
+        "took {took:?} for a {limit:?} timeout"
+    );
     (outcome, took)
 }
 
@@ -113,11 +121,16 @@ async fn initialize_against_a_silent_node_gives_up_at_the_request_timeout() {
     let (outcome, _) = within(limit, table.initialize(true)).await;
     assert!(outcome.is_err(), "{outcome:?}");
     let (outcome, _) = within(limit, table.read_all()).await;
-    assert!(matches!(outcome, Err(MembershipError::Timeout { .. })), "{outcome:?}");
+    assert!(
+        matches!(outcome, Err(MembershipError::Timeout { .. })),
+        "{outcome:?}"
+    );
     // An insert that times out is resolved by bounded re-reads: it cannot be, so it is unknown.
     let (outcome, _) = within(limit * 3, table.insert_row(&e, &v.next())).await;
     assert!(
-        outcome.as_ref().is_err_and(MembershipError::is_outcome_unknown),
+        outcome
+            .as_ref()
+            .is_err_and(MembershipError::is_outcome_unknown),
         "{outcome:?}"
     );
     drop(table);
@@ -137,14 +150,20 @@ async fn refused_credentials_are_access_denied_naming_the_user_not_the_password(
         ),
     )]));
     let options = connect_options(proxy_addr.to_string()).credentials("cm_user", "s3cret-pw");
-    let (outcome, _) = within(Duration::from_secs(1), CassandraMembershipTable::connect(options))
-        .await;
+    let (outcome, _) = within(
+        Duration::from_secs(1),
+        CassandraMembershipTable::connect(options),
+    )
+    .await;
     let err = outcome.expect_err("the login was refused");
     assert!(
         matches!(err, MembershipError::AccessDenied { .. }),
         "{err:?}"
     );
-    assert!(!err.is_transient(), "wrong credentials do not heal by retrying");
+    assert!(
+        !err.is_transient(),
+        "wrong credentials do not heal by retrying"
+    );
     let text = format!("{err} {err:?}");
     assert!(text.contains("cm_user"), "{text}");
     assert!(!text.contains("s3cret-pw"), "{text}");
@@ -163,7 +182,10 @@ async fn a_write_refused_for_lack_of_permission_is_access_denied() {
         .insert_row(&new_entry(Timestamp::now()), &v.next())
         .await
         .unwrap_err();
-    assert!(matches!(err, MembershipError::AccessDenied { .. }), "{err:?}");
+    assert!(
+        matches!(err, MembershipError::AccessDenied { .. }),
+        "{err:?}"
+    );
     assert!(!err.is_transient());
     drop(table);
     drop(proxy);

@@ -8,16 +8,14 @@ use std::time::{Duration, Instant};
 
 use cassandra_membership::conformance::new_entry;
 use cassandra_membership::runtime::protocol;
-use cassandra_membership::{
-    MembershipEntry, MembershipError, MembershipTable, Timestamp,
-};
+use cassandra_membership::{MembershipEntry, MembershipError, MembershipTable, Timestamp};
 use scylla::client::execution_profile::ExecutionProfile;
 use scylla::errors::DbError;
 use scylla::policies::retry::{RequestInfo, RetryDecision, RetryPolicy, RetrySession};
 use scylla::statement::Consistency;
 use scylla_proxy::{
-    Condition, Reaction, RequestFrame, RequestOpcode, RequestReaction, RequestRule,
-    ResponseFrame, ResponseReaction, ResponseRule, RunningProxy,
+    Condition, Reaction, RequestFrame, RequestOpcode, RequestReaction, RequestRule, ResponseFrame,
+    ResponseReaction, ResponseRule, RunningProxy,
 };
 
 use crate::outcomes::{proxied, proxied_with};
@@ -94,7 +92,11 @@ async fn an_applied_false_reply_carrying_our_own_tags_is_reported_as_applied() {
     proxy.running_nodes[0].change_response_rules(Some(vec![ResponseRule(
         applied_reply().and(Condition::TrueForLimitedTimes(1)),
         ResponseReaction::forge_response(Arc::new(move |_: ResponseFrame| {
-            replay.lock().unwrap().clone().expect("the batch went through")
+            replay
+                .lock()
+                .unwrap()
+                .clone()
+                .expect("the batch went through")
         })),
     )]));
     let outcome = table.insert_row(&e, &v.next()).await;
@@ -135,7 +137,10 @@ async fn a_write_still_queued_after_the_client_gave_up_can_no_longer_apply_once_
     // With the fence, the answer is definite: false, and the late write failed its condition.
     assert!(matches!(outcome, Ok(false)), "{outcome:?}");
     let after = table.read_all().await.unwrap().version;
-    assert_eq!(after.version, v.version, "the fence keeps the version number");
+    assert_eq!(
+        after.version, v.version,
+        "the fence keeps the version number"
+    );
     assert_ne!(after.etag, v.etag, "the fence moved the version tag");
     drop(table);
     drop(proxy);
@@ -220,7 +225,9 @@ async fn a_join_whose_insert_had_an_unknown_outcome_can_be_retried() {
     )]));
     let first = table.insert_row(&e, &v.next()).await;
     assert!(
-        first.as_ref().is_err_and(MembershipError::is_outcome_unknown),
+        first
+            .as_ref()
+            .is_err_and(MembershipError::is_outcome_unknown),
         "{first:?}"
     );
     proxy.running_nodes[0].change_request_rules(None);

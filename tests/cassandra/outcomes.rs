@@ -58,8 +58,8 @@ pub(crate) async fn proxied_with(
             .address_translator(Arc::new(HashMap::from([(real, proxy_addr)]))),
     )
     .build()
-        .await
-        .expect("session through the proxy");
+    .await
+    .expect("session through the proxy");
     let table = CassandraMembershipTable::with_session(
         Arc::new(session),
         options(cluster).request_timeout(Duration::from_millis(1500)),
