@@ -27,8 +27,9 @@ pub enum MembershipError {
         reason: String,
     },
 
-    /// Storage could not be reached or had too few replicas alive. The operation did not apply
-    /// (for a conditional write: it was not accepted by any replica quorum).
+    /// Storage could not be reached or had too few replicas alive, or `connect` did not finish
+    /// within `connect_timeout`. The operation did not apply. (A conditional write that may have
+    /// reached a coordinator never reports this: it is resolved, or `OutcomeUnknown`.)
     #[error("storage unavailable during {operation}")]
     Unavailable {
         /// The table operation.

@@ -89,7 +89,7 @@ fn cas_write_timeout() -> DbError {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cas_timeout_before_the_node_is_resolved_as_not_applied() {
+async fn a_cas_timeout_before_the_node_is_fenced_and_resolved_as_not_applied() {
     let (mut proxy, table) = proxied(&unique("cas-timeout")).await;
     let v = table.read_all().await.unwrap().version;
     let e = new_entry(Timestamp::now());
@@ -112,9 +112,16 @@ async fn a_cas_timeout_before_the_node_is_resolved_as_not_applied() {
     );
     let s = table.read_all().await.unwrap();
     assert!(s.rows.is_empty());
-    assert_eq!(s.version, v);
-    // The same insert, now let through, applies.
-    assert!(table.insert_row(&e, &v.next()).await.unwrap());
+    // The answer is final because the provider fenced the write off: same version number,
+    // a fresh version tag, so the write can no longer apply wherever it still is.
+    assert_eq!(s.version.version, v.version);
+    assert_ne!(s.version.etag, v.etag);
+    assert!(
+        !table.insert_row(&e, &v.next()).await.unwrap(),
+        "fenced off"
+    );
+    // The same insert on the current version applies.
+    assert!(table.insert_row(&e, &s.version.next()).await.unwrap());
     drop(table);
     drop(proxy);
 }
