@@ -6,6 +6,7 @@ mod utils;
 
 mod conformance;
 mod expiry;
+mod expiry_policy;
 mod outcomes;
 mod provider;
 mod runtime;
