@@ -226,7 +226,10 @@ impl CassandraMembershipTable {
             !owned && time.is_none_or(|t| t.0 < before.as_millis())
         };
         if read.heartbeats.iter().any(|(k, v)| due(k, v)) {
-            for cell in self.read_heartbeat_cells(self.pk(), "cleanup_defunct").await? {
+            for cell in self
+                .read_heartbeat_cells(self.pk(), "cleanup_defunct")
+                .await?
+            {
                 let (Some(value), Some(written)) = (cell.value, cell.written) else {
                     continue;
                 };
@@ -307,7 +310,11 @@ impl CassandraMembershipTable {
             }
             let left = self.read_raw_keys(pk).await?;
             if !left.keys.is_empty() || left.version_etag.is_some() {
-                warn!(cluster = cluster_id, rows = left.keys.len(), "delete_cluster left data behind");
+                warn!(
+                    cluster = cluster_id,
+                    rows = left.keys.len(),
+                    "delete_cluster left data behind"
+                );
                 return Err(MembershipError::corrupt(
                     None,
                     format!(
@@ -315,8 +322,17 @@ impl CassandraMembershipTable {
                          timestamps later than the delete (written with USING TIMESTAMP in the future, \
                          or a silo still writing); delete them by hand or call delete_cluster again",
                         left.keys.len(),
-                        left.keys.iter().take(5).cloned().collect::<Vec<_>>().join(", "),
-                        if left.version_etag.is_some() { " and the version" } else { "" },
+                        left.keys
+                            .iter()
+                            .take(5)
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        if left.version_etag.is_some() {
+                            " and the version"
+                        } else {
+                            ""
+                        },
                     ),
                 ));
             }

@@ -266,12 +266,7 @@ impl CassandraMembershipTable {
         let (w, v) = (self.write_ttl(), self.version_ttl());
         if insert {
             let r = self
-                .exec_read(
-                    "insert_row",
-                    &st.read_version_ttl,
-                    self.pk(),
-                    false,
-                )
+                .exec_read("insert_row", &st.read_version_ttl, self.pk(), false)
                 .await?;
             let row: Option<(Option<Uuid>, Option<i32>)> = r
                 .into_rows_result()
@@ -349,7 +344,11 @@ impl CassandraMembershipTable {
                     if row.etag_ttl.is_none() {
                         leftovers = true;
                     }
-                    lines.push(line(Some(silo.clone()), row.etag_ttl, PatchAction::Unreadable));
+                    lines.push(line(
+                        Some(silo.clone()),
+                        row.etag_ttl,
+                        PatchAction::Unreadable,
+                    ));
                 }
                 continue;
             };
@@ -462,7 +461,10 @@ impl CassandraMembershipTable {
         // What stays now decides the version's TTL and whether storage covers cleanup.
         match self.plan_partition(self.pk()).await {
             Ok(plan) => {
-                let open = plan.lines.iter().any(|l| l.action != PatchAction::KeepWhileLive);
+                let open = plan
+                    .lines
+                    .iter()
+                    .any(|l| l.action != PatchAction::KeepWhileLive);
                 self.expiry_state
                     .unbounded_rows
                     .store(plan.unbounded, Ordering::Relaxed);
@@ -471,7 +473,9 @@ impl CassandraMembershipTable {
                     .store(!plan.leftovers && !open, Ordering::Relaxed);
             }
             Err(MembershipError::CorruptData { .. }) => {
-                self.expiry_state.unbounded_rows.store(true, Ordering::Relaxed);
+                self.expiry_state
+                    .unbounded_rows
+                    .store(true, Ordering::Relaxed);
                 self.expiry_state.covered.store(false, Ordering::Relaxed);
             }
             Err(e) => return Err(e),
@@ -508,7 +512,8 @@ impl CassandraMembershipTable {
         let started = std::time::Instant::now();
         // Ok(true): applied; Ok(false): lost a race or unknown outcome (re-plan; every step is
         // safe to repeat); Err: a hard error.
-        let settle = |r: std::result::Result<Result<bool>, scylla::errors::ExecutionError>| match r {
+        let settle = |r: std::result::Result<Result<bool>, scylla::errors::ExecutionError>| match r
+        {
             Ok(Ok(applied)) => Ok(applied),
             Ok(Err(e)) => Err(e),
             Err(e) if may_have_applied(&e) => Ok(false),
@@ -553,7 +558,13 @@ impl CassandraMembershipTable {
                         let values = (
                             self.entry_values_in(pk, &stored.entry, silo, stored.etag, ttl),
                             UpdateEntryValues {
-                                entry: self.entry_values_in(pk, &stored.entry, silo, stored.etag, ttl),
+                                entry: self.entry_values_in(
+                                    pk,
+                                    &stored.entry,
+                                    silo,
+                                    stored.etag,
+                                    ttl,
+                                ),
                                 expected_etag: Some(stored.etag),
                             },
                             self.version_values_in(
@@ -561,7 +572,11 @@ impl CassandraMembershipTable {
                                 read.version.version as i64,
                                 version_etag,
                                 Some(version_etag),
-                                if plan.unbounded { 0 } else { plan.version_target },
+                                if plan.unbounded {
+                                    0
+                                } else {
+                                    plan.version_target
+                                },
                             ),
                         );
                         rewritten += 1;
@@ -658,10 +673,9 @@ impl CassandraMembershipTable {
             if self.bounded(cell.ttl) {
                 continue;
             }
-            let remaining = cell
-                .value
-                .and_then(|(_, time)| time)
-                .map_or(0, |t| remaining_seconds(Timestamp::from_millis(t.0), now, w));
+            let remaining = cell.value.and_then(|(_, time)| time).map_or(0, |t| {
+                remaining_seconds(Timestamp::from_millis(t.0), now, w)
+            });
             match cell.value {
                 Some(value) if remaining > 0 => {
                     let ttl = clamp_ttl(remaining, w) as i32;

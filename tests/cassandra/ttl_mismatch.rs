@@ -155,13 +155,20 @@ async fn patch_removes_past_rows_keeps_live_ones_without_ttl_and_is_idempotent()
     }
     assert_eq!(table_default_ttl(&s, &table).await, 4);
     let ttls = etag_ttls(&s, &table).await;
-    assert_eq!(ttls, vec![None], "the entry past its TTL was removed, the live one kept");
+    assert_eq!(
+        ttls,
+        vec![None],
+        "the entry past its TTL was removed, the live one kept"
+    );
     // Idempotent: only the live entry is still reported.
     let again = table_on(&s, o.clone());
     again.initialize(true).await.unwrap();
     let audit = again.audit_ttl().await.unwrap();
     assert!(
-        audit.rows.iter().all(|r| r.action == PatchAction::KeepWhileLive),
+        audit
+            .rows
+            .iter()
+            .all(|r| r.action == PatchAction::KeepWhileLive),
         "{audit:?}"
     );
     // Once the live entry's silo has been silent for longer than the TTL, the next start
