@@ -394,10 +394,9 @@ impl CassandraMembershipTable {
                 lines.push(line(None, None, PatchAction::Rewrite { ttl_seconds: t }));
             }
             None => {}
+            Some((None, _)) if !ttl_on => {}
             Some((current, _)) if !ttl_on => {
-                if current.is_some() {
-                    lines.push(line(None, current, PatchAction::Rewrite { ttl_seconds: 0 }));
-                }
+                lines.push(line(None, current, PatchAction::Rewrite { ttl_seconds: 0 }));
             }
             Some((current, _)) if unbounded => {
                 leftovers = true;

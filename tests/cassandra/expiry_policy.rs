@@ -76,7 +76,8 @@ async fn ttls(
 
 /// The keys of a partition's heartbeat elements, as stored.
 async fn heartbeat_keys(s: &Session, table: &str, cluster: &str) -> Vec<String> {
-    let rows: Vec<(Option<std::collections::BTreeMap<String, (CqlTimestamp, CqlTimestamp)>>,)> = s
+    type Elements = std::collections::BTreeMap<String, (CqlTimestamp, CqlTimestamp)>;
+    let rows: Vec<(Option<Elements>,)> = s
         .query_unpaged(
             format!("SELECT heartbeats FROM {KEYSPACE}.{table} WHERE service_id = 'svc' AND cluster_id = ?"),
             (cluster,),
