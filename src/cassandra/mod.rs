@@ -112,6 +112,8 @@ pub struct CassandraMembershipTable {
     shared: Arc<Shared>,
     cluster_id: String,
     leases: Mutex<HashMap<SiloAddress, LeaseState>>,
+    /// What `initialize` and lease renewals learnt of this cluster's partition's expiry.
+    expiry_state: expiry::ExpiryState,
 }
 
 impl CassandraMembershipTable {
@@ -192,6 +194,7 @@ impl CassandraMembershipTable {
             }),
             cluster_id,
             leases: Mutex::default(),
+            expiry_state: Default::default(),
         })
     }
 
@@ -205,6 +208,7 @@ impl CassandraMembershipTable {
             shared: Arc::clone(&self.shared),
             cluster_id,
             leases: Mutex::default(),
+            expiry_state: Default::default(),
         })
     }
 

@@ -7,6 +7,7 @@ mod utils;
 mod bounded;
 mod conformance;
 mod expiry;
+mod expiry_policy;
 mod faults;
 mod outcomes;
 mod provider;
