@@ -38,7 +38,11 @@ pub(crate) fn status_for(active: bool) -> SiloStatus {
 
 /// The generation of a new incarnation at `endpoint`: seconds since 2022, and above every
 /// generation the snapshot holds for that endpoint, so a restart within a second is still new.
-pub(crate) fn next_generation(snapshot: &MembershipSnapshot, endpoint: SocketAddr, now: Timestamp) -> i32 {
+pub(crate) fn next_generation(
+    snapshot: &MembershipSnapshot,
+    endpoint: SocketAddr,
+    now: Timestamp,
+) -> i32 {
     let secs = (now.as_millis() - GENERATION_EPOCH_MILLIS).div_euclid(1000);
     let by_clock = i32::try_from(secs.max(0)).unwrap_or(i32::MAX);
     snapshot
@@ -72,7 +76,10 @@ pub(crate) fn live_row(
 }
 
 /// Older incarnations at `endpoint` that are not Dead yet (a push declares them Dead).
-pub(crate) fn older_incarnations(snapshot: &MembershipSnapshot, current: SiloAddress) -> Vec<MembershipRow> {
+pub(crate) fn older_incarnations(
+    snapshot: &MembershipSnapshot,
+    current: SiloAddress,
+) -> Vec<MembershipRow> {
     snapshot
         .rows
         .iter()
@@ -84,8 +91,16 @@ pub(crate) fn older_incarnations(snapshot: &MembershipSnapshot, current: SiloAdd
 }
 
 /// What rio sees: one member per endpoint (its live incarnation), in address order.
-pub(crate) fn members(snapshot: &MembershipSnapshot, now: Timestamp, gone_after: Duration) -> Vec<Member> {
-    let mut endpoints: Vec<SocketAddr> = snapshot.rows.iter().map(|r| r.entry.address.endpoint()).collect();
+pub(crate) fn members(
+    snapshot: &MembershipSnapshot,
+    now: Timestamp,
+    gone_after: Duration,
+) -> Vec<Member> {
+    let mut endpoints: Vec<SocketAddr> = snapshot
+        .rows
+        .iter()
+        .map(|r| r.entry.address.endpoint())
+        .collect();
     endpoints.sort();
     endpoints.dedup();
     endpoints
@@ -119,21 +134,41 @@ mod tests {
     const SEC: Duration = Duration::from_secs(1);
 
     fn row(text: &str, status: SiloStatus, alive_ms: i64) -> MembershipRow {
-        let mut entry = MembershipEntry::new(text.parse().unwrap(), status, Timestamp::from_millis(alive_ms));
+        let mut entry = MembershipEntry::new(
+            text.parse().unwrap(),
+            status,
+            Timestamp::from_millis(alive_ms),
+        );
         entry.i_am_alive_time = Timestamp::from_millis(alive_ms);
-        MembershipRow { entry, etag: ETag::random() }
+        MembershipRow {
+            entry,
+            etag: ETag::random(),
+        }
     }
 
     fn snapshot(rows: Vec<MembershipRow>) -> MembershipSnapshot {
-        MembershipSnapshot { rows, version: TableVersion::absent() }
+        MembershipSnapshot {
+            rows,
+            version: TableVersion::absent(),
+        }
     }
 
     #[test]
     fn rio_addresses_parse_or_name_the_bad_part() {
-        assert_eq!(endpoint("127.0.0.1", "5000").unwrap(), "127.0.0.1:5000".parse().unwrap());
-        assert_eq!(endpoint("::1", "5000").unwrap(), "[::1]:5000".parse().unwrap());
-        assert!(matches!(endpoint("localhost", "1"), Err(RioError::Unknown(m)) if m.contains("ip")));
-        assert!(matches!(endpoint("0.0.0.0", "-1"), Err(RioError::Unknown(m)) if m.contains("port")));
+        assert_eq!(
+            endpoint("127.0.0.1", "5000").unwrap(),
+            "127.0.0.1:5000".parse().unwrap()
+        );
+        assert_eq!(
+            endpoint("::1", "5000").unwrap(),
+            "[::1]:5000".parse().unwrap()
+        );
+        assert!(
+            matches!(endpoint("localhost", "1"), Err(RioError::Unknown(m)) if m.contains("ip"))
+        );
+        assert!(
+            matches!(endpoint("0.0.0.0", "-1"), Err(RioError::Unknown(m)) if m.contains("port"))
+        );
     }
 
     #[test]
@@ -141,7 +176,10 @@ mod tests {
         let now = Timestamp::from_millis(GENERATION_EPOCH_MILLIS + 10_500);
         let ep: SocketAddr = "10.0.0.1:5000".parse().unwrap();
         assert_eq!(next_generation(&snapshot(vec![]), ep, now), 10);
-        let s = snapshot(vec![row("10.0.0.1:5000@10", SiloStatus::Active, 0), row("10.0.0.2:5000@99", SiloStatus::Active, 0)]);
+        let s = snapshot(vec![
+            row("10.0.0.1:5000@10", SiloStatus::Active, 0),
+            row("10.0.0.2:5000@99", SiloStatus::Active, 0),
+        ]);
         assert_eq!(next_generation(&s, ep, now), 11);
     }
 
@@ -149,16 +187,26 @@ mod tests {
     fn rio_sees_one_member_per_endpoint_and_never_dead_or_gone_ones() {
         let now = Timestamp::from_millis(100_000);
         let s = snapshot(vec![
-            row("10.0.0.1:5000@1", SiloStatus::Active, 99_000),  // older incarnation, not yet Dead
+            row("10.0.0.1:5000@1", SiloStatus::Active, 99_000), // older incarnation, not yet Dead
             row("10.0.0.1:5000@2", SiloStatus::Joining, 99_500), // the live one
-            row("10.0.0.2:5000@1", SiloStatus::Dead, 99_900),    // left
-            row("10.0.0.3:5000@1", SiloStatus::Active, 96_000),  // stopped heartbeating 4 s ago
+            row("10.0.0.2:5000@1", SiloStatus::Dead, 99_900),   // left
+            row("10.0.0.3:5000@1", SiloStatus::Active, 96_000), // stopped heartbeating 4 s ago
         ]);
         let m = members(&s, now, 3 * SEC);
         assert_eq!(m.len(), 1);
-        assert_eq!((m[0].ip(), m[0].port(), m[0].active()), ("10.0.0.1", "5000", false));
+        assert_eq!(
+            (m[0].ip(), m[0].port(), m[0].active()),
+            ("10.0.0.1", "5000", false)
+        );
         let ep = "10.0.0.1:5000".parse().unwrap();
-        assert_eq!(live_row(&s, ep, now, 3 * SEC).unwrap().entry.address.generation(), 2);
+        assert_eq!(
+            live_row(&s, ep, now, 3 * SEC)
+                .unwrap()
+                .entry
+                .address
+                .generation(),
+            2
+        );
         let current: SiloAddress = "10.0.0.1:5000@2".parse().unwrap();
         assert_eq!(older_incarnations(&s, current).len(), 1);
     }
@@ -172,6 +220,9 @@ mod tests {
 
     #[test]
     fn times_convert_at_millisecond_precision() {
-        assert_eq!(to_utc(Timestamp::from_millis(1_700_000_000_123)).timestamp_millis(), 1_700_000_000_123);
+        assert_eq!(
+            to_utc(Timestamp::from_millis(1_700_000_000_123)).timestamp_millis(),
+            1_700_000_000_123
+        );
     }
 }

@@ -125,7 +125,9 @@ mod tests {
             let mut o = RioStorageOptions::default();
             spoil(&mut o);
             match o.validate() {
-                Err(MembershipError::InvalidConfiguration { option, .. }) => assert_eq!(option, name),
+                Err(MembershipError::InvalidConfiguration { option, .. }) => {
+                    assert_eq!(option, name)
+                }
                 other => panic!("{name}: {other:?}"),
             }
         }
@@ -135,8 +137,12 @@ mod tests {
     fn heartbeat_must_fit_four_times_in_the_ttl() {
         let mut o = RioStorageOptions::default();
         o.heartbeat_period = Duration::from_secs(2);
-        o.validate_against_ttl(Some(Duration::from_secs(8))).unwrap();
-        assert!(o.validate_against_ttl(Some(Duration::from_secs(7))).is_err());
+        o.validate_against_ttl(Some(Duration::from_secs(8)))
+            .unwrap();
+        assert!(
+            o.validate_against_ttl(Some(Duration::from_secs(7)))
+                .is_err()
+        );
         o.validate_against_ttl(None).unwrap();
     }
 }

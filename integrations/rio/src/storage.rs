@@ -85,7 +85,10 @@ impl CassandraMembershipStorage {
 
     /// The storage on a table the host already has (any backend, e.g. the in-memory table in a
     /// host's own tests). Validates `options` and initializes the table (idempotent).
-    pub async fn with_table(table: Arc<dyn MembershipTable>, options: RioStorageOptions) -> Result<Self> {
+    pub async fn with_table(
+        table: Arc<dyn MembershipTable>,
+        options: RioStorageOptions,
+    ) -> Result<Self> {
         options.validate()?;
         options.validate_against_ttl(table.storage_expiry().ttl)?;
         table.initialize(true).await?;
@@ -126,12 +129,21 @@ impl CassandraMembershipStorage {
             .values()
             .map(|o| o.address)
             .min()
-            .unwrap_or(SiloAddress::new(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0), 0))
+            .unwrap_or(SiloAddress::new(
+                SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0),
+                0,
+            ))
     }
 
     async fn backoff(attempt: u32) {
         // Jitter so that servers that lost the same race do not collide again.
-        let jitter = u64::from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().subsec_nanos() % 20);
+        let jitter = u64::from(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .subsec_nanos()
+                % 20,
+        );
         let ms = 10u64.saturating_mul(u64::from(attempt.min(10))) + jitter;
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
@@ -164,10 +176,15 @@ impl CassandraMembershipStorage {
             let Some(new) = change(&row.entry) else {
                 return Ok(Change::Unchanged);
             };
-            match table.update_row(&new, &row.etag, &snapshot.version.next()).await {
+            match table
+                .update_row(&new, &row.etag, &snapshot.version.next())
+                .await
+            {
                 Ok(true) => return Ok(Change::Written),
                 Ok(false) => Self::backoff(attempt).await,
-                Err(e) if e.is_outcome_unknown() => warn!(operation, error = %e, "re-reading to learn the outcome"),
+                Err(e) if e.is_outcome_unknown() => {
+                    warn!(operation, error = %e, "re-reading to learn the outcome")
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -219,10 +236,15 @@ impl CassandraMembershipStorage {
             };
             let mut dead = old.entry.clone();
             dead.status = SiloStatus::Dead;
-            match table.update_row(&dead, &old.etag, &snapshot.version.next()).await {
+            match table
+                .update_row(&dead, &old.etag, &snapshot.version.next())
+                .await
+            {
                 Ok(true) => info!(address = %dead.address, "older incarnation declared Dead"),
                 Ok(false) => Self::backoff(attempt).await,
-                Err(e) if e.is_outcome_unknown() => warn!(error = %e, "re-reading to learn the outcome"),
+                Err(e) if e.is_outcome_unknown() => {
+                    warn!(error = %e, "re-reading to learn the outcome")
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -236,7 +258,10 @@ impl CassandraMembershipStorage {
             address,
             self.inner.options.heartbeat_period,
         ));
-        if let Some(old) = self.own().insert(address.endpoint(), Own { address, keeper }) {
+        if let Some(old) = self
+            .own()
+            .insert(address.endpoint(), Own { address, keeper })
+        {
             old.keeper.abort();
         }
     }
@@ -262,10 +287,15 @@ impl CassandraMembershipStorage {
             };
             let mut dead = row.entry.clone();
             dead.status = SiloStatus::Dead;
-            match table.update_row(&dead, &row.etag, &snapshot.version.next()).await {
+            match table
+                .update_row(&dead, &row.etag, &snapshot.version.next())
+                .await
+            {
                 Ok(true) => removed += 1,
                 Ok(false) => Self::backoff(attempt).await,
-                Err(e) if e.is_outcome_unknown() => warn!(error = %e, "re-reading to learn the outcome"),
+                Err(e) if e.is_outcome_unknown() => {
+                    warn!(error = %e, "re-reading to learn the outcome")
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -277,7 +307,10 @@ impl CassandraMembershipStorage {
         let status = status_for(active);
         let done = self
             .change("set_is_active", ep, |e| {
-                (e.status != status).then(|| MembershipEntry { status, ..e.clone() })
+                (e.status != status).then(|| MembershipEntry {
+                    status,
+                    ..e.clone()
+                })
             })
             .await?;
         debug!(?done);
@@ -315,14 +348,24 @@ impl CassandraMembershipStorage {
     async fn failures_of(&self, ep: SocketAddr) -> Result<Vec<DateTime<Utc>>> {
         let snapshot = self.inner.table.read_all().await?;
         Ok(live_row(&snapshot, ep, Timestamp::now(), self.gone_after())
-            .map(|r| r.entry.suspect_times.iter().map(|s| mapping::to_utc(s.time)).collect())
+            .map(|r| {
+                r.entry
+                    .suspect_times
+                    .iter()
+                    .map(|s| mapping::to_utc(s.time))
+                    .collect()
+            })
             .unwrap_or_default())
     }
 
     #[tracing::instrument(skip(self), fields(cluster = self.inner.table.cluster_id()), err)]
     async fn list_members(&self) -> Result<Vec<Member>> {
         let snapshot = self.inner.table.read_all().await?;
-        Ok(mapping::members(&snapshot, Timestamp::now(), self.gone_after()))
+        Ok(mapping::members(
+            &snapshot,
+            Timestamp::now(),
+            self.gone_after(),
+        ))
     }
 }
 
@@ -333,12 +376,19 @@ async fn keep_lease(inner: Weak<Inner>, address: SiloAddress, period: Duration) 
     loop {
         tokio::time::sleep(wait).await;
         let Some(inner) = inner.upgrade() else { return };
-        match inner.table.update_i_am_alive(&address, Timestamp::now()).await {
+        match inner
+            .table
+            .update_i_am_alive(&address, Timestamp::now())
+            .await
+        {
             Ok(HeartbeatOutcome::Refreshed { .. }) => wait = period,
             Ok(outcome) => {
                 warn!(%address, ?outcome, "entry missing or declared Dead: no longer renewing its lease");
                 let mut own = inner.own.lock().unwrap_or_else(|p| p.into_inner());
-                if own.get(&address.endpoint()).is_some_and(|o| o.address == address) {
+                if own
+                    .get(&address.endpoint())
+                    .is_some_and(|o| o.address == address)
+                {
                     own.remove(&address.endpoint());
                 }
                 return;
@@ -368,7 +418,10 @@ fn upstream(e: MembershipError) -> RioError {
 impl MembershipStorage for CassandraMembershipStorage {
     async fn push(&self, member: Member) -> MembershipUnitResult {
         let ep = endpoint(member.ip(), member.port())?;
-        self.push_member(ep, member.active()).await.map(drop).map_err(upstream)
+        self.push_member(ep, member.active())
+            .await
+            .map(drop)
+            .map_err(upstream)
     }
 
     async fn remove(&self, ip: &str, port: &str) -> MembershipUnitResult {
@@ -378,7 +431,9 @@ impl MembershipStorage for CassandraMembershipStorage {
 
     async fn set_is_active(&self, ip: &str, port: &str, is_active: bool) -> MembershipUnitResult {
         let ep = endpoint(ip, port)?;
-        self.set_member_active(ep, is_active).await.map_err(upstream)
+        self.set_member_active(ep, is_active)
+            .await
+            .map_err(upstream)
     }
 
     async fn members(&self) -> MembershipResult<Vec<Member>> {

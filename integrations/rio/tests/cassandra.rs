@@ -78,7 +78,9 @@ fn table(s: &CassandraMembershipStorage) -> &Arc<dyn MembershipTable> {
 
 /// Rows of the cluster's partition as stored, bypassing the adapter and the table.
 async fn raw_rows(table: &str, cluster: &str) -> usize {
-    let t = CassandraMembershipTable::connect(options(table, cluster)).await.unwrap();
+    let t = CassandraMembershipTable::connect(options(table, cluster))
+        .await
+        .unwrap();
     t.session()
         .query_unpaged(
             format!("SELECT silo, version FROM {KEYSPACE}.{table} WHERE service_id = ? AND cluster_id = ?"),
@@ -92,7 +94,9 @@ async fn raw_rows(table: &str, cluster: &str) -> usize {
 }
 
 async fn raw_rows_of(table: &str, cluster: &str, silo: &str) -> usize {
-    let t = CassandraMembershipTable::connect(options(table, cluster)).await.unwrap();
+    let t = CassandraMembershipTable::connect(options(table, cluster))
+        .await
+        .unwrap();
     t.session()
         .query_unpaged(
             format!("SELECT silo FROM {KEYSPACE}.{table} WHERE service_id = ? AND cluster_id = ? AND silo = ?"),
@@ -112,9 +116,14 @@ async fn a_new_cluster_is_empty_and_a_pushed_member_is_listed() {
     s.push(member(9090, false)).await.unwrap();
     let members = s.members().await.unwrap();
     assert_eq!(members.len(), 1);
-    assert_eq!((members[0].ip(), members[0].port(), members[0].active()), ("127.0.0.1", "9090", false));
+    assert_eq!(
+        (members[0].ip(), members[0].port(), members[0].active()),
+        ("127.0.0.1", "9090", false)
+    );
     assert!(s.active_members().await.unwrap().is_empty());
-    let address = s.incarnation("127.0.0.1", "9090").expect("kept alive by this value");
+    let address = s
+        .incarnation("127.0.0.1", "9090")
+        .expect("kept alive by this value");
     let row = table(&s).read_row(&address).await.unwrap();
     assert_eq!(row.rows[0].entry.status, SiloStatus::Joining);
 }
@@ -130,11 +139,19 @@ async fn set_active_and_set_inactive_filter_active_members() {
     assert!(s.is_active("127.0.0.1", "9090").await.unwrap());
     let version = table(&s).read_all().await.unwrap().version.version;
     s.set_active("127.0.0.1", "9090").await.unwrap();
-    assert_eq!(table(&s).read_all().await.unwrap().version.version, version, "no write when nothing changes");
+    assert_eq!(
+        table(&s).read_all().await.unwrap().version.version,
+        version,
+        "no write when nothing changes"
+    );
     s.set_inactive("127.0.0.1", "9090").await.unwrap();
     s.set_inactive("127.0.0.1", "9091").await.unwrap();
     assert!(s.active_members().await.unwrap().is_empty());
-    assert_eq!(s.members().await.unwrap().len(), 2, "inactive members stay listed");
+    assert_eq!(
+        s.members().await.unwrap().len(),
+        2,
+        "inactive members stay listed"
+    );
     assert!(!s.is_active("127.0.0.1", "9090").await.unwrap());
     // An address without an entry: nothing to change, nothing created.
     s.set_active("127.0.0.1", "9999").await.unwrap();
@@ -146,7 +163,12 @@ async fn failures_are_recorded_and_listed_per_member() {
     let s = storage(&unique("failures")).await;
     s.push(member(9090, true)).await.unwrap();
     s.push(member(9091, true)).await.unwrap();
-    assert!(s.member_failures("127.0.0.1", "9090").await.unwrap().is_empty());
+    assert!(
+        s.member_failures("127.0.0.1", "9090")
+            .await
+            .unwrap()
+            .is_empty()
+    );
     let t0 = Utc::now() - chrono::Duration::milliseconds(1);
     s.notify_failure("127.0.0.1", "9090").await.unwrap();
     s.notify_failure("127.0.0.1", "9090").await.unwrap();
@@ -155,7 +177,10 @@ async fn failures_are_recorded_and_listed_per_member() {
     let a = s.member_failures("127.0.0.1", "9090").await.unwrap();
     let b = s.member_failures("127.0.0.1", "9091").await.unwrap();
     assert_eq!((a.len(), b.len()), (2, 1));
-    assert!(a.iter().chain(&b).all(|t| *t >= t0 && *t <= t1), "{a:?} {b:?} not in [{t0}, {t1}]");
+    assert!(
+        a.iter().chain(&b).all(|t| *t >= t0 && *t <= t1),
+        "{a:?} {b:?} not in [{t0}, {t1}]"
+    );
     assert!(a[0] <= a[1], "oldest first");
     // A failure notice does not change activity (rio's contract).
     assert_eq!(s.active_members().await.unwrap().len(), 2);
@@ -167,7 +192,12 @@ async fn failures_are_recorded_and_listed_per_member() {
     assert!(suspicions.iter().all(|st| st.suspecting_silo == address));
     // An address without an entry has nobody to suspect: nothing is recorded or created.
     s.notify_failure("127.0.0.1", "9999").await.unwrap();
-    assert!(s.member_failures("127.0.0.1", "9999").await.unwrap().is_empty());
+    assert!(
+        s.member_failures("127.0.0.1", "9999")
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(s.members().await.unwrap().len(), 2);
 }
 
@@ -178,14 +208,26 @@ async fn failures_kept_per_member_are_bounded_newest_last() {
     let mut rio = RioStorageOptions::from_membership(&o.membership);
     rio.failures_kept = 3;
     let t = CassandraMembershipTable::connect(o).await.unwrap();
-    let s = CassandraMembershipStorage::with_table(Arc::new(t), rio).await.unwrap();
+    let s = CassandraMembershipStorage::with_table(Arc::new(t), rio)
+        .await
+        .unwrap();
     s.push(member(9090, true)).await.unwrap();
     let mut all = Vec::new();
     for _ in 0..5 {
         s.notify_failure("127.0.0.1", "9090").await.unwrap();
-        all.push(s.member_failures("127.0.0.1", "9090").await.unwrap().last().copied().unwrap());
+        all.push(
+            s.member_failures("127.0.0.1", "9090")
+                .await
+                .unwrap()
+                .last()
+                .copied()
+                .unwrap(),
+        );
     }
-    assert_eq!(s.member_failures("127.0.0.1", "9090").await.unwrap(), all[2..].to_vec());
+    assert_eq!(
+        s.member_failures("127.0.0.1", "9090").await.unwrap(),
+        all[2..].to_vec()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -196,11 +238,20 @@ async fn push_of_an_address_with_an_entry_starts_a_new_incarnation_and_retires_t
     let first = s.incarnation("127.0.0.1", "9090").unwrap();
     s.push(member(9090, false)).await.unwrap();
     let second = s.incarnation("127.0.0.1", "9090").unwrap();
-    assert!(second.generation() > first.generation(), "{first} then {second}");
+    assert!(
+        second.generation() > first.generation(),
+        "{first} then {second}"
+    );
     let members = s.members().await.unwrap();
     assert_eq!(members.len(), 1, "one member per address");
     assert!(!members[0].active(), "the new incarnation's flag");
-    assert!(s.member_failures("127.0.0.1", "9090").await.unwrap().is_empty(), "failures were the old incarnation's");
+    assert!(
+        s.member_failures("127.0.0.1", "9090")
+            .await
+            .unwrap()
+            .is_empty(),
+        "failures were the old incarnation's"
+    );
     let all = table(&s).read_all().await.unwrap();
     assert_eq!(all.get(&first).unwrap().entry.status, SiloStatus::Dead);
     assert_eq!(all.get(&second).unwrap().entry.status, SiloStatus::Joining);
@@ -217,7 +268,11 @@ async fn remove_declares_every_incarnation_of_the_address_dead() {
     let members = s.members().await.unwrap();
     assert_eq!(members.len(), 1);
     assert_eq!(members[0].port(), "9091");
-    assert_eq!(s.incarnation("127.0.0.1", "9090"), None, "its lease is no longer renewed");
+    assert_eq!(
+        s.incarnation("127.0.0.1", "9090"),
+        None,
+        "its lease is no longer renewed"
+    );
     let all = table(&s).read_all().await.unwrap();
     assert_eq!(all.get(&address).unwrap().entry.status, SiloStatus::Dead);
     // Removing again, or an address never pushed, is a no-op.
@@ -229,7 +284,10 @@ async fn remove_declares_every_incarnation_of_the_address_dead() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_rio_clusters_in_one_table_do_not_see_each_other() {
-    let (a, b) = (storage(&unique("iso-a")).await, storage(&unique("iso-b")).await);
+    let (a, b) = (
+        storage(&unique("iso-a")).await,
+        storage(&unique("iso-b")).await,
+    );
     a.push(member(9090, true)).await.unwrap();
     b.push(member(9090, false)).await.unwrap();
     b.push(member(9091, true)).await.unwrap();
@@ -240,10 +298,22 @@ async fn two_rio_clusters_in_one_table_do_not_see_each_other() {
     assert!(ma[0].active());
     assert_eq!(mb.len(), 2);
     assert!(mb.iter().all(|m| !m.active()));
-    assert_eq!(a.member_failures("127.0.0.1", "9090").await.unwrap().len(), 1);
-    assert!(b.member_failures("127.0.0.1", "9090").await.unwrap().is_empty());
+    assert_eq!(
+        a.member_failures("127.0.0.1", "9090").await.unwrap().len(),
+        1
+    );
+    assert!(
+        b.member_failures("127.0.0.1", "9090")
+            .await
+            .unwrap()
+            .is_empty()
+    );
     b.remove("127.0.0.1", "9090").await.unwrap();
-    assert_eq!(a.members().await.unwrap().len(), 1, "a remove in b leaves a alone");
+    assert_eq!(
+        a.members().await.unwrap().len(),
+        1,
+        "a remove in b leaves a alone"
+    );
 }
 
 /// A server's lease is renewed by its own process only: while its storage lives it stays
@@ -260,7 +330,11 @@ async fn a_stopped_rio_cluster_expires_within_ttl_and_slack() {
     servers.push(member(9091, true)).await.unwrap();
     let until = Instant::now() + 2 * TTL;
     while Instant::now() < until {
-        assert_eq!(observer.members().await.unwrap().len(), 2, "a live server's entry never expires");
+        assert_eq!(
+            observer.members().await.unwrap().len(),
+            2,
+            "a live server's entry never expires"
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     drop(servers); // every clone: the servers are gone
@@ -271,12 +345,23 @@ async fn a_stopped_rio_cluster_expires_within_ttl_and_slack() {
         if raw_rows("rio_members_ttl5", &cluster).await == 0 {
             break stopped.elapsed();
         }
-        assert!(stopped.elapsed() < bound + Duration::from_secs(3), "the cluster never disappeared");
+        assert!(
+            stopped.elapsed() < bound + Duration::from_secs(3),
+            "the cluster never disappeared"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    eprintln!("stopped rio cluster gone from Cassandra {gone_after:?} after its servers stopped (bound {bound:?})");
-    assert!(gone_after <= bound + Duration::from_secs(1), "{gone_after:?} > {bound:?}");
-    assert!(gone_after >= TTL - HEARTBEAT - Duration::from_millis(500), "expired early: {gone_after:?}");
+    eprintln!(
+        "stopped rio cluster gone from Cassandra {gone_after:?} after its servers stopped (bound {bound:?})"
+    );
+    assert!(
+        gone_after <= bound + Duration::from_secs(1),
+        "{gone_after:?} > {bound:?}"
+    );
+    assert!(
+        gone_after >= TTL - HEARTBEAT - Duration::from_millis(500),
+        "expired early: {gone_after:?}"
+    );
 }
 
 /// The killed server's peers keep failing it (as rio's peer-to-peer provider does every round);
@@ -310,13 +395,26 @@ async fn a_killed_server_expires_while_its_peers_keep_failing_it() {
         if raw_rows_of("rio_members_ttl5", &cluster, &killed_silo).await == 0 {
             break t0.elapsed();
         }
-        let bound = 3 * HEARTBEAT + TTL + peer.table().storage_expiry().slack + Duration::from_secs(3);
-        assert!(t0.elapsed() < bound, "the killed server's row never expired");
+        let bound =
+            3 * HEARTBEAT + TTL + peer.table().storage_expiry().slack + Duration::from_secs(3);
+        assert!(
+            t0.elapsed() < bound,
+            "the killed server's row never expired"
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
     let hidden_after = hidden_after.expect("hidden before its row expired");
-    eprintln!("killed server hidden from rio after {hidden_after:?}, its row gone after {gone_after:?}");
-    assert!(hidden_after <= 3 * HEARTBEAT + Duration::from_secs(2), "{hidden_after:?}");
-    assert_eq!(raw_rows_of("rio_members_ttl5", &cluster, &peer_silo).await, 1, "the live peer stays");
+    eprintln!(
+        "killed server hidden from rio after {hidden_after:?}, its row gone after {gone_after:?}"
+    );
+    assert!(
+        hidden_after <= 3 * HEARTBEAT + Duration::from_secs(2),
+        "{hidden_after:?}"
+    );
+    assert_eq!(
+        raw_rows_of("rio_members_ttl5", &cluster, &peer_silo).await,
+        1,
+        "the live peer stays"
+    );
     assert_eq!(peer.members().await.unwrap().len(), 1);
 }
