@@ -27,3 +27,8 @@ mod storage;
 
 pub use options::RioStorageOptions;
 pub use storage::CassandraMembershipStorage;
+
+// The README's code compiles (its Rust blocks are doc tests).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -115,7 +115,8 @@ mod tests {
 
     #[test]
     fn each_bad_option_is_named() {
-        let cases: [(fn(&mut RioStorageOptions), &str); 4] = [
+        type Spoil = fn(&mut RioStorageOptions);
+        let cases: [(Spoil, &str); 4] = [
             (|o| o.heartbeat_period = Duration::ZERO, "heartbeat_period"),
             (|o| o.missed_heartbeats_limit = 0, "missed_heartbeats_limit"),
             (|o| o.failures_kept = 0, "failures_kept"),
@@ -135,8 +136,10 @@ mod tests {
 
     #[test]
     fn heartbeat_must_fit_four_times_in_the_ttl() {
-        let mut o = RioStorageOptions::default();
-        o.heartbeat_period = Duration::from_secs(2);
+        let o = RioStorageOptions {
+            heartbeat_period: Duration::from_secs(2),
+            ..Default::default()
+        };
         o.validate_against_ttl(Some(Duration::from_secs(8)))
             .unwrap();
         assert!(
