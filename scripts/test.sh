@@ -22,19 +22,24 @@ fi
 cleanup() { if [ "$started_here" = 1 ] && [ -z "${KEEP_CASSANDRA:-}" ]; then scripts/cassandra.sh stop; fi; }
 trap cleanup EXIT
 
-step "cargo fmt --check"
-cargo fmt --check
+step "cargo fmt --check (workspace)"
+cargo fmt --all --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
 step "cargo clippy --all-targets --all-features -- -D warnings (rustls, metrics)"
 cargo clippy --all-targets --all-features -- -D warnings
-step "cargo doc --no-deps"
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
+step "cargo clippy -p cassandra-membership-rio --all-targets -- -D warnings"
+cargo clippy -p cassandra-membership-rio --all-targets -- -D warnings
+step "cargo doc --no-deps (workspace)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 step "cargo test (Cassandra at $CASSANDRA_CONTACT_POINTS)"
 # The Cassandra tests mostly wait (on Paxos rounds and on TTLs): run more of them at once than cores.
 export RUST_TEST_THREADS=${RUST_TEST_THREADS:-8}
 cargo test --lib --bins --tests
 cargo test --doc
+step "rio adapter: tests on Cassandra, then the three-server example"
+cargo test -p cassandra-membership-rio
+cargo run -p cassandra-membership-rio --example rio_cluster
 step "benchmarks compile"
 cargo bench --no-run --quiet
 step "done"
