@@ -242,6 +242,14 @@ impl AuditReport {
     }
 }
 
+/// The table's text without the padding comfy-table leaves at the end of each line.
+fn render(t: &Table) -> String {
+    t.lines()
+        .map(|l| l.trim_end().to_owned())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn table() -> Table {
     let mut t = Table::new();
     // Plain aligned columns (like `kubectl get`): easy to read, grep and paste into tickets.
@@ -318,7 +326,7 @@ pub(crate) fn clusters_table(clusters: &[ClusterReport]) -> String {
             },
         ]);
     }
-    t.to_string()
+    render(&t)
 }
 
 pub(crate) fn members_table(m: &MembersReport) -> String {
@@ -379,7 +387,7 @@ pub(crate) fn members_table(m: &MembersReport) -> String {
                 ttl_cell(e.ttl_seconds, e.expires_at.as_ref()),
             ]);
         }
-        out.push_str(&t.to_string());
+        out.push_str(&render(&t));
         out.push('\n');
     }
     for u in &m.unreadable {
@@ -429,7 +437,7 @@ pub(crate) fn audit_text(a: &AuditReport) -> String {
                 },
             ]);
         }
-        out.push_str(&t.to_string());
+        out.push_str(&render(&t));
         out.push('\n');
     }
     out

@@ -223,8 +223,24 @@ async fn members_shows_each_entry_with_status_zones_suspicions_ttl_and_marks() {
     let table = unique_table();
     let t = cluster(&table, "blue", true).await;
     three_entries(&t).await;
+    // A row written by another program, with a status no silo writes: listed, not hidden.
+    t.session()
+        .query_unpaged(
+            format!(
+                "UPDATE {} SET status = 99 WHERE service_id = ? AND cluster_id = ? AND silo = ?",
+                t.qualified_table()
+            ),
+            (SERVICE, "blue", "by-hand"),
+        )
+        .await
+        .unwrap();
 
     let report = json(cli(&table).args(["members", "--cluster", "blue", "--json"]));
+    assert_eq!(
+        report["unreadable"],
+        serde_json::json!(["by-hand"]),
+        "{report}"
+    );
     assert_eq!(report["cluster_id"], "blue");
     assert_eq!(report["members"].as_array().unwrap().len(), 3, "{report}");
     let a = member(&report, "10.0.0.1:11111@1");
