@@ -9,6 +9,7 @@
 mod cleanup;
 mod driver_errors;
 mod expiry;
+mod inspect;
 mod lease;
 mod options;
 mod read;
@@ -29,6 +30,7 @@ use tokio::sync::OnceCell;
 use tracing::{Span, instrument};
 
 pub use expiry::{PatchAction, RowAudit, TtlAudit};
+pub use inspect::{ClusterInspection, EntryInspection};
 pub use options::{
     CassandraClusteringOptions, ConsistencyProfile, Credentials, EXPIRY_HORIZON_UNIX_SECONDS,
     MAX_TTL_SECONDS, TtlMismatchPolicy,
