@@ -4,6 +4,7 @@
 
 mod utils;
 
+mod cassandra_only;
 mod conformance;
 mod expiry;
 mod outcomes;
