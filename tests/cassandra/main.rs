@@ -5,6 +5,7 @@
 mod utils;
 
 mod bounded;
+mod cassandra_only;
 mod conformance;
 mod expiry;
 mod expiry_policy;
