@@ -247,7 +247,13 @@ async fn failing_heartbeats_retry_with_backoff_and_warn_before_the_lease_lapses(
         .with_clock(clock.clone())
         .with_expiry(Duration::from_secs(100));
     let table = Flaky::new(inner);
-    let silo = join(table.clone(), 1, &clock).await;
+    // Failure detection far away (100 missed periods): the lease is the first horizon here.
+    let mut o = options();
+    o.num_missed_table_i_am_alive_limit = 100;
+    let silo =
+        cassandra_membership::Silo::join_with_clock(table.clone(), entry(1), o, clock.clone())
+            .await
+            .unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let lease = match silo.health().borrow().clone() {
         SiloHealth::Healthy { lease } => lease,

@@ -2,11 +2,13 @@
 //! cleanup, failure detection, graceful leave — each tested with a fake clock or paused time.
 
 pub mod cleanup;
+mod health;
 pub mod heartbeat;
 mod observe;
 pub mod protocol;
 mod silo;
 
 pub use cleanup::{CleanupNotStarted, CleanupSchedule, DefunctCleanup};
-pub use heartbeat::{Heartbeat, HeartbeatPlanner, SiloHealth};
+pub use health::SiloHealth;
+pub use heartbeat::{Heartbeat, HeartbeatPlanner};
 pub use silo::Silo;

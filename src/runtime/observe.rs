@@ -4,7 +4,7 @@
 #[cfg(not(feature = "metrics"))]
 mod imp {
     use crate::model::Timestamp;
-    use crate::runtime::heartbeat::SiloHealth;
+    use crate::runtime::health::SiloHealth;
 
     pub(crate) fn heartbeat(_: &SiloHealth, _: Timestamp) {}
     pub(crate) fn conflict() {}
@@ -14,7 +14,7 @@ mod imp {
 #[cfg(feature = "metrics")]
 mod imp {
     use crate::model::Timestamp;
-    use crate::runtime::heartbeat::SiloHealth;
+    use crate::runtime::health::SiloHealth;
 
     pub(crate) fn heartbeat(health: &SiloHealth, now: Timestamp) {
         let outcome = match health {

@@ -9,5 +9,6 @@ mod expiry;
 mod outcomes;
 mod provider;
 mod runtime;
+mod runtime_fencing;
 mod smoke;
 mod ttl_mismatch;
