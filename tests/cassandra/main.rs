@@ -13,5 +13,6 @@ mod faults;
 mod outcomes;
 mod provider;
 mod runtime;
+mod runtime_fencing;
 mod smoke;
 mod ttl_mismatch;
