@@ -2,6 +2,15 @@
 
 use std::time::Duration;
 
+/// Whose credentials an `AccessDenied` is about, for its message.
+fn access_subject(user: Option<&str>, host_session: bool) -> String {
+    match (host_session, user) {
+        (true, _) => " with the credentials of the host's session".into(),
+        (false, Some(u)) => format!(" to user {u:?}"),
+        (false, None) => " (no credentials configured)".into(),
+    }
+}
+
 /// A boxed underlying error (driver or I/O), kept as the error's `source()`.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -102,12 +111,15 @@ pub enum MembershipError {
     /// Storage refused the credentials (authentication) or the role lacks a permission
     /// (authorization). Nothing was written. Never transient: retrying with the same
     /// configuration fails the same way; fix the credentials or grants.
-    #[error("access denied{} during {operation}: the credentials were refused or the role lacks a permission", user.as_deref().map(|u| format!(" to user {u:?}")).unwrap_or_else(|| " (no credentials configured)".into()))]
+    #[error("access denied{} during {operation}: the credentials were refused or the role lacks a permission", access_subject(user.as_deref(), *host_session))]
     AccessDenied {
         /// The table operation (`connect` for a refused login).
         operation: &'static str,
         /// The configured username, if any. The password is never kept.
         user: Option<String>,
+        /// True when the table runs on a host's own session (`with_session`): the credentials
+        /// are that session's, which the provider does not know.
+        host_session: bool,
         /// The driver's error (it names the user at most, never the password).
         #[source]
         source: BoxError,

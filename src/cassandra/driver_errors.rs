@@ -49,12 +49,47 @@ fn refused_before_execution(db: &DbError) -> bool {
             | DbError::ProtocolError
             | DbError::ConfigError
             | DbError::Unprepared { .. }
-            | DbError::RateLimitReached { .. }
+    ) || matches!(
+        // A replica may reject the write after the coordinator sent it to the others.
+        db,
+        DbError::RateLimitReached {
+            rejected_by_coordinator: true,
+            ..
+        }
     )
 }
 
-fn is_access_denied(db: &DbError) -> bool {
+/// True when Cassandra could not *check* the credentials or permissions: its `system_auth` read
+/// timed out or was unavailable. It wraps that as `AuthenticationException("Unable to perform
+/// authentication: …")` or `UnauthorizedException("Unable to perform authorization of …")` —
+/// the same error codes as a refusal, told apart only by the message. It heals by itself.
+fn auth_backend_failure(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    message.contains("unable to perform authentication")
+        || message.contains("unable to perform authorization")
+}
+
+/// A refusal of the credentials or of a permission (not a failure to check them).
+fn is_access_denied(db: &DbError, message: &str) -> bool {
     matches!(db, DbError::Unauthorized | DbError::AuthenticationError)
+        && !auth_backend_failure(message)
+}
+
+/// A failure to check the credentials or permissions (see [`auth_backend_failure`]).
+fn is_auth_backend_failure(db: &DbError, message: &str) -> bool {
+    matches!(db, DbError::Unauthorized | DbError::AuthenticationError)
+        && auth_backend_failure(message)
+}
+
+/// Errors of a node that cannot serve right now: retrying later may succeed.
+fn is_transient_db(db: &DbError, message: &str) -> bool {
+    matches!(
+        db,
+        DbError::Unavailable { .. }
+            | DbError::Overloaded
+            | DbError::IsBootstrapping
+            | DbError::RateLimitReached { .. }
+    ) || is_auth_backend_failure(db, message)
 }
 
 /// True when a connection was refused for its credentials (or their absence).
@@ -63,7 +98,7 @@ fn connection_access_denied(err: &ConnectionError) -> bool {
         ConnectionError::ConnectionSetupRequestError(e) => {
             matches!(
                 &e.error,
-                ConnectionSetupRequestErrorKind::DbError(db, _) if is_access_denied(db)
+                ConnectionSetupRequestErrorKind::DbError(db, message) if is_access_denied(db, message)
             ) || matches!(
                 &e.error,
                 ConnectionSetupRequestErrorKind::MissingAuthentication
@@ -83,8 +118,8 @@ fn pool_access_denied(err: &ConnectionPoolError) -> bool {
 /// True when a statement failed for the credentials or the role's permissions.
 pub(crate) fn execution_access_denied(err: &ExecutionError) -> bool {
     match err {
-        ExecutionError::LastAttemptError(RequestAttemptError::DbError(db, _)) => {
-            is_access_denied(db)
+        ExecutionError::LastAttemptError(RequestAttemptError::DbError(db, message)) => {
+            is_access_denied(db, message)
         }
         ExecutionError::ConnectionPoolError(p) => pool_access_denied(p),
         _ => false,
@@ -96,10 +131,26 @@ pub(crate) fn prepare_access_denied(err: &scylla::errors::PrepareError) -> bool 
     match err {
         scylla::errors::PrepareError::ConnectionPoolError(p) => pool_access_denied(p),
         scylla::errors::PrepareError::AllAttemptsFailed {
-            first_attempt: RequestAttemptError::DbError(db, _),
-        } => is_access_denied(db),
+            first_attempt: RequestAttemptError::DbError(db, message),
+        } => is_access_denied(db, message),
         _ => false,
     }
+}
+
+/// True when preparing failed because the node refused the statement itself (the table is
+/// missing or has another shape): a schema problem. Anything else — no connection, a broken
+/// one, an overloaded or bootstrapping node, a failure to check permissions, ids that differ
+/// between connections (a schema change in progress) — may heal by itself.
+pub(crate) fn prepare_refused_statement(err: &scylla::errors::PrepareError) -> bool {
+    matches!(
+        err,
+        scylla::errors::PrepareError::AllAttemptsFailed {
+            first_attempt: RequestAttemptError::DbError(
+                DbError::Invalid | DbError::SyntaxError | DbError::ConfigError,
+                _
+            ),
+        }
+    )
 }
 
 /// True when a session could not be built because the login was refused.
@@ -109,8 +160,8 @@ pub(crate) fn session_access_denied(err: &NewSessionError) -> bool {
             pool_access_denied(p)
         }
         NewSessionError::UseKeyspaceError(scylla::errors::UseKeyspaceError::RequestError(
-            RequestAttemptError::DbError(db, _),
-        )) => is_access_denied(db),
+            RequestAttemptError::DbError(db, message),
+        )) => is_access_denied(db, message),
         _ => false,
     }
 }
@@ -122,22 +173,30 @@ pub(crate) fn to_error(operation: &'static str, err: ExecutionError) -> Membersh
         return MembershipError::AccessDenied {
             operation,
             user: None,
+            host_session: false,
             source: Box::new(err),
         };
     }
-    let unavailable = matches!(
-        &err,
+    let unavailable = match &err {
         ExecutionError::EmptyPlan
-            | ExecutionError::ConnectionPoolError(_)
-            | ExecutionError::LastAttemptError(RequestAttemptError::BrokenConnectionError(_))
-            | ExecutionError::LastAttemptError(RequestAttemptError::DbError(
-                DbError::Unavailable { .. } | DbError::Overloaded | DbError::IsBootstrapping,
-                _
-            ))
-    );
+        | ExecutionError::ConnectionPoolError(_)
+        | ExecutionError::LastAttemptError(RequestAttemptError::BrokenConnectionError(_)) => true,
+        ExecutionError::LastAttemptError(RequestAttemptError::DbError(db, message)) => {
+            is_transient_db(db, message)
+        }
+        // The driver's schema-agreement wait after a schema change that did apply: no
+        // agreement yet is not a refusal of the change.
+        ExecutionError::SchemaAgreementError(e) => {
+            !matches!(e, scylla::errors::SchemaAgreementError::Timeout(_))
+        }
+        _ => false,
+    };
     let timeout = matches!(
         &err,
         ExecutionError::RequestTimeout(_)
+            | ExecutionError::SchemaAgreementError(scylla::errors::SchemaAgreementError::Timeout(
+                _
+            ))
             | ExecutionError::LastAttemptError(RequestAttemptError::DbError(
                 DbError::ReadTimeout { .. } | DbError::WriteTimeout { .. },
                 _
@@ -305,5 +364,108 @@ mod tests {
         }
         // The login path (a refused STARTUP inside a broken pool) is exercised through a proxy
         // in tests/cassandra/bounded.rs: its driver error types cannot be built here.
+    }
+
+    fn db_msg(e: DbError, message: &str) -> RequestAttemptError {
+        RequestAttemptError::DbError(e, message.into())
+    }
+
+    #[test]
+    fn an_auth_backend_that_cannot_answer_is_transient_not_access_denied() {
+        // Cassandra's own texts when its system_auth read times out or is unavailable.
+        for (e, message) in [
+            (
+                DbError::AuthenticationError,
+                "Unable to perform authentication: Operation timed out - received only 0 responses.",
+            ),
+            (
+                DbError::Unauthorized,
+                "Unable to perform authorization of login privileges: Cannot achieve consistency level QUORUM",
+            ),
+            (
+                DbError::Unauthorized,
+                "Unable to perform authorization of super-user permission: Operation timed out",
+            ),
+        ] {
+            let err = ExecutionError::LastAttemptError(db_msg(e, message));
+            assert!(!execution_access_denied(&err), "{message}");
+            let err = to_error("read", err);
+            assert!(
+                matches!(err, MembershipError::Unavailable { .. }),
+                "{message}: {err:?}"
+            );
+            assert!(err.is_transient());
+        }
+        // A real refusal stays AccessDenied.
+        let refused = ExecutionError::LastAttemptError(db_msg(
+            DbError::AuthenticationError,
+            "Provided username cm_user and/or password are incorrect",
+        ));
+        assert!(execution_access_denied(&refused));
+    }
+
+    #[test]
+    fn only_a_coordinators_rate_limit_proves_nothing_applied() {
+        use scylla::errors::OperationType;
+        let limited = |rejected_by_coordinator| {
+            ExecutionError::LastAttemptError(db(DbError::RateLimitReached {
+                op_type: OperationType::Write,
+                rejected_by_coordinator,
+            }))
+        };
+        assert!(!may_have_applied(&limited(true)));
+        assert!(
+            may_have_applied(&limited(false)),
+            "a replica's rejection comes after the coordinator sent the write on"
+        );
+        assert!(to_error("read", limited(true)).is_transient());
+    }
+
+    #[test]
+    fn only_a_refused_statement_is_a_schema_problem_when_preparing() {
+        use scylla::errors::PrepareError;
+        let failed = |e| PrepareError::AllAttemptsFailed { first_attempt: e };
+        assert!(prepare_refused_statement(&failed(db(DbError::Invalid))));
+        assert!(prepare_refused_statement(&failed(db(DbError::SyntaxError))));
+        for transient in [
+            failed(RequestAttemptError::BrokenConnectionError(
+                BrokenConnectionErrorKind::ChannelError.into(),
+            )),
+            failed(db(DbError::Overloaded)),
+            failed(db(DbError::IsBootstrapping)),
+            failed(db_msg(
+                DbError::Unauthorized,
+                "Unable to perform authorization of permissions: Operation timed out",
+            )),
+            PrepareError::PreparedStatementIdsMismatch,
+            PrepareError::ConnectionPoolError(ConnectionPoolError::Initializing),
+        ] {
+            assert!(!prepare_refused_statement(&transient), "{transient:?}");
+        }
+    }
+
+    #[test]
+    fn a_failed_schema_agreement_wait_after_a_schema_change_is_not_a_storage_error() {
+        use scylla::errors::SchemaAgreementError;
+        let timed_out = to_error(
+            "initialize",
+            ExecutionError::SchemaAgreementError(SchemaAgreementError::Timeout(
+                std::time::Duration::from_secs(1),
+            )),
+        );
+        assert!(
+            matches!(timed_out, MembershipError::Timeout { .. }),
+            "{timed_out:?}"
+        );
+        let failed = to_error(
+            "initialize",
+            ExecutionError::SchemaAgreementError(SchemaAgreementError::RequestError(db(
+                DbError::ServerError,
+            ))),
+        );
+        assert!(
+            matches!(failed, MembershipError::Unavailable { .. }),
+            "{failed:?}"
+        );
     }
 }

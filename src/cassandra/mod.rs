@@ -22,6 +22,7 @@ mod write;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use scylla::client::session::Session;
@@ -85,10 +86,21 @@ fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
+/// The driver's timeout for each TCP connect. It tries the contact points one after another
+/// (in random order): with the whole budget for each, one that drops packets would use it all
+/// before a live one is tried. Each gets a share, and one share is left for the live node's
+/// handshake and metadata.
+fn per_connection_timeout(connect_timeout: Duration, contact_points: usize) -> Duration {
+    let shares = u32::try_from(contact_points.saturating_add(1)).unwrap_or(u32::MAX);
+    connect_timeout / shares.max(2)
+}
+
 /// The table, its statements and the session: shared by the per-cluster values of one table.
 #[derive(Debug)]
 struct Shared {
     session: Arc<Session>,
+    /// The session is a host's own (`with_session`): its credentials are not the options'.
+    host_session: bool,
     options: CassandraClusteringOptions,
     qualified: String,
     statements: OnceCell<Statements>,
@@ -139,14 +151,17 @@ impl CassandraMembershipTable {
         customize: impl FnOnce(SessionBuilder) -> SessionBuilder,
     ) -> Result<Self> {
         options.validate()?;
+        let per_connection =
+            per_connection_timeout(options.connect_timeout, options.contact_points.len());
         let mut builder = SessionBuilder::new()
             .known_nodes(&options.contact_points)
-            .connection_timeout(options.connect_timeout);
+            .connection_timeout(per_connection);
         if let Some(c) = &options.credentials {
             builder = builder.user(c.username.clone(), c.password.clone());
         }
-        // The driver bounds each TCP connect, but not a node that completes the handshake and
-        // then never answers the metadata queries: the whole build is bounded here.
+        // The driver bounds each TCP connect (and tries the contact points one after another,
+        // so each gets a share of the budget), but not a node that completes the TCP handshake
+        // and then never answers: the whole build is bounded here.
         let built = tokio::time::timeout(options.connect_timeout, customize(builder).build()).await;
         // The driver's error text never holds the password; it names nodes and causes.
         let session = match built {
@@ -155,6 +170,7 @@ impl CassandraMembershipTable {
                 return Err(MembershipError::AccessDenied {
                     operation: "connect",
                     user: options.credentials.as_ref().map(|c| c.username.clone()),
+                    host_session: false,
                     source: Box::new(e),
                 });
             }
@@ -168,14 +184,16 @@ impl CassandraMembershipTable {
                 return Err(MembershipError::Unavailable {
                     operation: "connect",
                     source: format!(
-                        "no session within connect_timeout ({:?}): {elapsed}",
+                        "no session within connect_timeout ({:?}; each TCP connect may take {per_connection:?}): \
+                         a contact point accepted the connection and then never answered \
+                         (the driver's warnings name each node it tried): {elapsed}",
                         options.connect_timeout
                     )
                     .into(),
                 });
             }
         };
-        Self::with_session(Arc::new(session), options)
+        Self::on_session(Arc::new(session), options, false)
     }
 
     /// Uses a session the host already has. `options.contact_points` and `credentials` are ignored.
@@ -183,12 +201,21 @@ impl CassandraMembershipTable {
         session: Arc<Session>,
         options: CassandraClusteringOptions,
     ) -> Result<Self> {
+        Self::on_session(session, options, true)
+    }
+
+    fn on_session(
+        session: Arc<Session>,
+        options: CassandraClusteringOptions,
+        host_session: bool,
+    ) -> Result<Self> {
         options.validate()?;
         let cluster_id = options.cluster_id.clone();
         let qualified = qualified(&options.keyspace, &options.table);
         Ok(CassandraMembershipTable {
             shared: Arc::new(Shared {
                 session,
+                host_session,
                 options,
                 qualified,
                 statements: OnceCell::new(),
@@ -272,13 +299,26 @@ impl CassandraMembershipTable {
                         MembershipError::AccessDenied {
                             operation: "prepare",
                             user: None,
+                            host_session: false,
                             source: Box::new(e),
                         }
                     }
-                    // Preparing fails when the table is missing or has another shape.
-                    statements::PrepareFailure::Refused(e) => MembershipError::SchemaMismatch {
-                        table: self.shared.qualified.clone(),
-                        detail: format!("the provider's statements do not prepare against it: {e}"),
+                    // Only the node refusing a statement means the table is missing or has
+                    // another shape; no connection, a broken one, an overloaded node, or ids
+                    // differing mid-schema-change heal by themselves.
+                    statements::PrepareFailure::Refused(e)
+                        if driver_errors::prepare_refused_statement(&e) =>
+                    {
+                        MembershipError::SchemaMismatch {
+                            table: self.shared.qualified.clone(),
+                            detail: format!(
+                                "the provider's statements do not prepare against it: {e}"
+                            ),
+                        }
+                    }
+                    statements::PrepareFailure::Refused(e) => MembershipError::Unavailable {
+                        operation: "prepare",
+                        source: Box::new(e),
                     },
                 })
             })
@@ -291,12 +331,22 @@ impl CassandraMembershipTable {
             MembershipError::AccessDenied {
                 operation,
                 user: None,
+                host_session: false,
                 source,
-            } => MembershipError::AccessDenied {
-                operation,
-                user: self.opts().credentials.as_ref().map(|c| c.username.clone()),
-                source,
-            },
+            } => {
+                let host_session = self.shared.host_session;
+                MembershipError::AccessDenied {
+                    operation,
+                    // A host's session logs in with its own credentials, not the options'.
+                    user: if host_session {
+                        None
+                    } else {
+                        self.opts().credentials.as_ref().map(|c| c.username.clone())
+                    },
+                    host_session,
+                    source,
+                }
+            }
             other => other,
         }
     }
@@ -406,5 +456,19 @@ impl MembershipTable for CassandraMembershipTable {
         self.delete_partition(cluster_id)
             .await
             .map_err(|e| self.named(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_contact_point_and_the_live_nodes_handshake_share_the_connect_timeout() {
+        let t = Duration::from_secs(6);
+        assert_eq!(per_connection_timeout(t, 1), Duration::from_secs(3));
+        assert_eq!(per_connection_timeout(t, 2), Duration::from_secs(2));
+        assert_eq!(per_connection_timeout(t, 5), Duration::from_secs(1));
+        assert_eq!(per_connection_timeout(t, 0), Duration::from_secs(3));
     }
 }
