@@ -486,13 +486,11 @@ impl CassandraMembershipTable {
         if audit.table_default_ttl != audit.configured_ttl {
             // The table default is shared by every cluster in the table; ours never relies on it
             // (every write carries its TTL), but writes of other programs do.
-            self.session_ref()
-                .query_unpaged(
-                    alter_table_ttl_cql(&self.shared.qualified, audit.configured_ttl),
-                    (),
-                )
-                .await
-                .map_err(|e| to_error("initialize", e))?;
+            self.schema_change(alter_table_ttl_cql(
+                &self.shared.qualified,
+                audit.configured_ttl,
+            ))
+            .await?;
             self.await_schema_agreement().await?;
         }
         if audit.rows.is_empty() {

@@ -68,9 +68,8 @@ impl CassandraMembershipTable {
     async fn ensure_schema(&self) -> Result<()> {
         let o = self.opts();
         if let Some(replication) = &o.create_keyspace_with_replication {
-            self.query_bounded(create_keyspace_cql(&o.keyspace, replication), ())
-                .await
-                .map_err(|e| to_error("initialize", e))?;
+            self.schema_change(create_keyspace_cql(&o.keyspace, replication))
+                .await?;
             self.await_schema_agreement().await?;
         }
         if !self.keyspace_exists().await? {
@@ -90,9 +89,7 @@ impl CassandraMembershipTable {
                 o.ttl_seconds().unwrap_or(0),
                 o.gc_grace.as_secs(),
             );
-            self.query_bounded(ddl, ())
-                .await
-                .map_err(|e| to_error("initialize", e))?;
+            self.schema_change(ddl).await?;
         }
         // Also when another silo just created the table: until every node has its schema, a
         // quorum read of it can fail (INCOMPATIBLE_SCHEMA) on the nodes that do not.
@@ -126,9 +123,7 @@ impl CassandraMembershipTable {
         }
     }
 
-    /// An unprepared statement with the provider's timeouts, whatever the session's defaults:
-    /// `request_timeout` for the request; a schema change, which the driver follows with a
-    /// schema-agreement wait the request timeout does not cover, at most `schema_timeout` in all.
+    /// A read of the schema tables, bounded by `request_timeout` whatever the session's defaults.
     pub(super) async fn query_bounded(
         &self,
         cql: impl Into<String>,
@@ -137,10 +132,31 @@ impl CassandraMembershipTable {
         scylla::response::query_result::QueryResult,
         scylla::errors::ExecutionError,
     > {
-        let o = self.opts();
-        let mut statement = scylla::statement::unprepared::Statement::new(cql.into());
-        statement.set_request_timeout(Some(o.request_timeout));
-        let limit = o.request_timeout.max(o.schema_timeout);
+        self.query_within(cql.into(), values, self.opts().request_timeout)
+            .await
+    }
+
+    /// A schema change (DDL), bounded by `schema_timeout`: the change itself and the
+    /// schema-agreement wait the driver follows it with, which the request timeout does not cover.
+    /// A failed wait is reported as `Timeout` / `Unavailable`: the change itself applied.
+    pub(super) async fn schema_change(&self, cql: impl Into<String>) -> Result<()> {
+        self.query_within(cql.into(), (), self.opts().schema_timeout)
+            .await
+            .map(drop)
+            .map_err(|e| to_error("initialize", e))
+    }
+
+    async fn query_within(
+        &self,
+        cql: String,
+        values: impl scylla::serialize::row::SerializeRow,
+        limit: Duration,
+    ) -> std::result::Result<
+        scylla::response::query_result::QueryResult,
+        scylla::errors::ExecutionError,
+    > {
+        let mut statement = scylla::statement::unprepared::Statement::new(cql);
+        statement.set_request_timeout(Some(limit));
         tokio::time::timeout(limit, self.session_ref().query_unpaged(statement, values))
             .await
             .unwrap_or(Err(scylla::errors::ExecutionError::RequestTimeout(limit)))
