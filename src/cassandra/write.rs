@@ -10,7 +10,7 @@ use super::driver_errors::{may_have_applied, to_error};
 use super::lease::LeaseState;
 use super::values::{EntryValues, Pk, UpdateEntryValues, WriteVersionValues, to_cql};
 use super::{CassandraMembershipTable, bump};
-use crate::error::{MembershipError, Result};
+use crate::error::{BoxError, MembershipError, Result};
 use crate::model::{ETag, MembershipEntry, TableVersion, Timestamp};
 
 /// An insert or update in flight: what identifies its effect if its outcome must be resolved.
@@ -281,8 +281,11 @@ impl CassandraMembershipTable {
     ) -> Result<bool> {
         let sent_at = Timestamp::now();
         let applied = match self.exec_cas_batch(batch, values).await {
-            Ok(r) => r?.took_effect(Some(w.new_row_etag), w.new_version_etag),
-            Err(e) if may_have_applied(&e) => self.resolve(&w, e).await?,
+            Ok(Ok(reply)) => reply.took_effect(Some(w.new_row_etag), w.new_version_etag),
+            // The batch reached a coordinator, so a reply that cannot be read says nothing
+            // about whether it applied.
+            Ok(Err(reply_err)) => self.resolve(&w, Box::new(reply_err)).await?,
+            Err(e) if may_have_applied(&e) => self.resolve(&w, Box::new(e)).await?,
             Err(e) => return Err(to_error(w.operation, e)),
         };
         if applied {
@@ -294,15 +297,15 @@ impl CassandraMembershipTable {
 
     /// Decides an ambiguous conditional write by a linearizable re-read: a serial read completes
     /// or supersedes any in-flight Paxos proposal, so what it shows is final.
-    async fn resolve(&self, w: &VersionedWrite<'_>, err: ExecutionError) -> Result<bool> {
+    async fn resolve(&self, w: &VersionedWrite<'_>, err: BoxError) -> Result<bool> {
         let (operation, address) = (w.operation, &w.entry.address);
         let (expected_version, new_row_etag, new_version_etag) =
             (w.expected_version, w.new_row_etag, w.new_version_etag);
         warn!(operation, silo = %address, error = %err, "conditional write outcome unknown; re-reading serially");
-        let unknown = |detail: String, err: ExecutionError| MembershipError::OutcomeUnknown {
+        let unknown = |detail: String, err: BoxError| MembershipError::OutcomeUnknown {
             operation,
             detail,
-            source: Box::new(err),
+            source: err,
         };
         let found = match self.read_one(address, true).await {
             Ok(Some((row, version, _))) => Some((row.etag, version)),
@@ -311,8 +314,12 @@ impl CassandraMembershipTable {
                 return Err(unknown(format!("the re-read failed too: {read_err}"), err));
             }
         };
+        // The version as stored: a row's read validated it; without a row the raw statics.
         let (current_version, current_version_etag) = match &found {
-            Some((_, v)) => (i64::try_from(v.version).ok(), parse_etag(&v.etag).flatten()),
+            Some((_, v)) => match parse_etag(&v.etag).flatten() {
+                Some(tag) => (i64::try_from(v.version).ok(), Some(tag)),
+                None => (None, None),
+            },
             None => match self.read_statics(self.pk()).await {
                 Ok(s) => (s.version, s.version_etag),
                 Err(read_err) => {
@@ -329,8 +336,19 @@ impl CassandraMembershipTable {
         }
         if current_version_etag == expected_version {
             // Not applied *yet*: the request may still be queued at a coordinator, or a
-            // coordinator may be retrying contention, and apply later. Fence it off.
-            return self.fence(w, current_version.unwrap_or(0), err).await;
+            // coordinator may be retrying contention, and apply later. Fence it off — but only
+            // a sound version: a fence would create a missing one (a deleted cluster's) or
+            // overwrite a damaged one with a number it made up.
+            return match (current_version, current_version_etag) {
+                (Some(version), Some(_)) if version >= 0 => self.fence(w, version, err).await,
+                (version, tag) => Err(unknown(
+                    format!(
+                        "the table version is missing or damaged (version {version:?}, version_etag {tag:?}): \
+                         the provider does not rewrite it to settle this write, so whether it applied cannot be told"
+                    ),
+                    err,
+                )),
+            };
         }
         Err(unknown(
             "the table changed since; whether this write applied cannot be told".into(),
@@ -347,19 +365,22 @@ impl CassandraMembershipTable {
         &self,
         w: &VersionedWrite<'_>,
         current_version: i64,
-        err: ExecutionError,
+        err: BoxError,
     ) -> Result<bool> {
         let (operation, address) = (w.operation, &w.entry.address);
-        let unknown = |detail: String, err: ExecutionError| MembershipError::OutcomeUnknown {
+        let unknown = |detail: String, err: BoxError| MembershipError::OutcomeUnknown {
             operation,
             detail,
-            source: Box::new(err),
+            source: err,
         };
         let st = self.statements().await?;
         // The fence keeps the version number: readers see the same version and entries.
-        let values = self.version_values(current_version, Uuid::new_v4(), w.expected_version);
+        let fence_etag = Uuid::new_v4();
+        let values = self.version_values(current_version, fence_etag, w.expected_version);
         match self.exec_cas(&st.write_version, values).await {
-            Ok(Ok(reply)) if reply.applied => {
+            // `[applied] = false` showing the fence's own fresh tag: Paxos completed the fence's
+            // pre-empted proposal before checking it again (see `CasReply::took_effect`).
+            Ok(Ok(reply)) if reply.took_effect(None, fence_etag) => {
                 info!(operation, silo = %address, "ambiguous conditional write fenced off: it did not apply");
                 Ok(false)
             }
