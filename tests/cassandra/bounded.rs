@@ -11,7 +11,7 @@ use cassandra_membership::{
 use scylla_proxy::{Condition, Reaction, RequestOpcode, RequestReaction, RequestRule};
 
 use crate::outcomes::{proxied, start_proxy};
-use crate::utils::{options, session_with_keyspace, unique};
+use crate::utils::{contact_points, options, session_with_keyspace, unique};
 
 /// How late a call may return after its timeout on this shared, busy machine.
 const MARGIN: Duration = Duration::from_millis(1500);
@@ -187,6 +187,198 @@ async fn a_write_refused_for_lack_of_permission_is_access_denied() {
         "{err:?}"
     );
     assert!(!err.is_transient());
+    // The table runs on the host's session: its credentials are the session's, not "none".
+    let text = err.to_string();
+    assert!(text.contains("host's session"), "{text}");
+    assert!(!text.contains("no credentials configured"), "{text}");
+    drop(table);
+    drop(proxy);
+}
+
+/// A listener whose accept queue is full: the kernel drops every further SYN, so a connect to
+/// it hangs like one to a host that is down or firewalled. Keep the value alive while in use.
+async fn syn_dropping_listener() -> (tokio::net::TcpListener, tokio::net::TcpStream) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    // With a backlog of 0 the queue holds one connection, never accepted.
+    let queued = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    (listener, queued)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_reaches_a_live_contact_point_behind_a_dead_one_within_the_connect_timeout() {
+    session_with_keyspace().await;
+    let (dead, _queued) = syn_dropping_listener().await;
+    let limit = Duration::from_secs(3);
+    // The driver tries the contact points in random order: several rounds so that the dead
+    // one comes first at least once (a chance of 1 in 16 that it never does).
+    for round in 0..4 {
+        let options = options(&unique("dead-first"))
+            .contact_points([
+                dead.local_addr().unwrap().to_string(),
+                contact_points()[0].clone(),
+            ])
+            .connect_timeout(limit);
+        let (outcome, took) = within(limit, CassandraMembershipTable::connect(options)).await;
+        assert!(
+            outcome.is_ok(),
+            "round {round}: a live contact point must be reached (took {took:?}): {:?}",
+            outcome.err()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auth_backend_timeout_at_login_is_transient_not_access_denied() {
+    session_with_keyspace().await;
+    let (mut proxy, proxy_addr, _) = start_proxy().await;
+    // Cassandra's answer when its system_auth read times out during the login.
+    proxy.running_nodes[0].change_request_rules(Some(vec![RequestRule(
+        Condition::RequestOpcode(RequestOpcode::Startup),
+        RequestReaction::forge_with_error_and_message(
+            scylla::errors::DbError::AuthenticationError,
+            Some(
+                "Unable to perform authentication: Operation timed out - received only 0 responses."
+                    .into(),
+            ),
+        ),
+    )]));
+    let options = connect_options(proxy_addr.to_string()).credentials("cm_user", "s3cret-pw");
+    let (outcome, _) = within(
+        Duration::from_secs(1),
+        CassandraMembershipTable::connect(options),
+    )
+    .await;
+    let err = outcome.expect_err("the login failed");
+    assert!(
+        matches!(err, MembershipError::Unavailable { .. }),
+        "the credentials were never checked: {err:?}"
+    );
+    assert!(err.is_transient());
+    drop(proxy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_whose_permissions_could_not_be_checked_is_transient() {
+    let (mut proxy, table) = proxied(&unique("authz-timeout")).await;
+    proxy.running_nodes[0].change_request_rules(Some(vec![RequestRule(
+        Condition::RequestOpcode(RequestOpcode::Execute),
+        RequestReaction::forge_with_error_and_message(
+            scylla::errors::DbError::Unauthorized,
+            Some(
+                "Unable to perform authorization of permissions: Operation timed out - received only 0 responses."
+                    .into(),
+            ),
+        ),
+    )]));
+    let err = table.read_all().await.unwrap_err();
+    assert!(
+        matches!(err, MembershipError::Unavailable { .. }),
+        "{err:?}"
+    );
+    assert!(err.is_transient());
+    drop(table);
+    drop(proxy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_failure_to_prepare_is_not_a_schema_mismatch() {
+    let (mut proxy, table) = proxied(&unique("prepare-overloaded")).await;
+    // A table value that has not prepared its statements yet, on the same session.
+    let fresh = CassandraMembershipTable::with_session(
+        Arc::clone(table.session()),
+        table.options().clone(),
+    )
+    .unwrap();
+    proxy.running_nodes[0].change_request_rules(Some(vec![RequestRule(
+        Condition::RequestOpcode(RequestOpcode::Prepare),
+        RequestReaction::forge_with_error(scylla::errors::DbError::Overloaded),
+    )]));
+    let err = fresh.read_all().await.unwrap_err();
+    assert!(
+        matches!(err, MembershipError::Unavailable { .. }),
+        "an overloaded node is no schema problem: {err:?}"
+    );
+    assert!(err.is_transient());
+    // A statement the node refuses is one.
+    proxy.running_nodes[0].change_request_rules(Some(vec![RequestRule(
+        Condition::RequestOpcode(RequestOpcode::Prepare),
+        RequestReaction::forge_with_error_and_message(
+            scylla::errors::DbError::Invalid,
+            Some("unconfigured table membership".into()),
+        ),
+    )]));
+    let err = fresh.read_all().await.unwrap_err();
+    assert!(
+        matches!(err, MembershipError::SchemaMismatch { .. }),
+        "{err:?}"
+    );
+    drop(table);
+    drop(proxy);
+}
+
+/// A table name nobody else uses, so `initialize` creates it.
+fn unique_table() -> String {
+    format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..20])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creating_the_table_is_bounded_by_the_schema_timeout_not_the_request_timeout() {
+    let (mut proxy, table) = proxied(&unique("slow-ddl")).await;
+    let fresh = CassandraMembershipTable::with_session(
+        Arc::clone(table.session()),
+        table
+            .options()
+            .clone()
+            .table(unique_table())
+            .request_timeout(Duration::from_secs(1))
+            .schema_timeout(Duration::from_secs(30)),
+    )
+    .unwrap();
+    // The schema change takes longer than a request may, well within the schema timeout.
+    proxy.running_nodes[0].change_request_rules(Some(vec![RequestRule(
+        Condition::RequestOpcode(RequestOpcode::Query)
+            .and(Condition::BodyContainsCaseSensitive(
+                b"CREATE TABLE".to_vec().into(),
+            ))
+            .and(Condition::TrueForLimitedTimes(1)),
+        RequestReaction::delay(Duration::from_secs(2)),
+    )]));
+    fresh
+        .initialize(true)
+        .await
+        .expect("a schema change may take up to schema_timeout");
+    drop(table);
+    drop(proxy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_agreement_wait_after_creating_the_table_is_transient_not_a_storage_error() {
+    let (mut proxy, table) = proxied(&unique("no-agreement")).await;
+    let fresh = CassandraMembershipTable::with_session(
+        Arc::clone(table.session()),
+        table.options().clone().table(unique_table()),
+    )
+    .unwrap();
+    // The table is created; the driver's schema-version reads that follow fail.
+    proxy.running_nodes[0].change_request_rules(Some(vec![RequestRule(
+        Condition::RequestOpcode(RequestOpcode::Query).and(Condition::BodyContainsCaseSensitive(
+            b"schema_version".to_vec().into(),
+        )),
+        RequestReaction::forge_with_error(scylla::errors::DbError::ServerError),
+    )]));
+    let err = fresh.initialize(true).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            MembershipError::Unavailable { .. } | MembershipError::Timeout { .. }
+        ),
+        "the schema change applied; only the agreement wait failed: {err:?}"
+    );
+    assert!(err.is_transient());
     drop(table);
     drop(proxy);
 }

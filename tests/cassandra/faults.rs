@@ -8,14 +8,16 @@ use std::time::{Duration, Instant};
 
 use cassandra_membership::conformance::new_entry;
 use cassandra_membership::runtime::protocol;
-use cassandra_membership::{MembershipEntry, MembershipError, MembershipTable, Timestamp};
+use cassandra_membership::{
+    ETag, MembershipEntry, MembershipError, MembershipTable, TableVersion, Timestamp,
+};
 use scylla::client::execution_profile::ExecutionProfile;
-use scylla::errors::DbError;
+use scylla::errors::{DbError, WriteType};
 use scylla::policies::retry::{RequestInfo, RetryDecision, RetryPolicy, RetrySession};
 use scylla::statement::Consistency;
 use scylla_proxy::{
     Condition, Reaction, RequestFrame, RequestOpcode, RequestReaction, RequestRule, ResponseFrame,
-    ResponseReaction, ResponseRule, RunningProxy,
+    ResponseOpcode, ResponseReaction, ResponseRule, RunningProxy,
 };
 
 use crate::outcomes::{proxied, proxied_with};
@@ -268,4 +270,166 @@ async fn a_stored_version_at_its_maximum_is_corrupt_data() {
         matches!(err, MembershipError::CorruptData { .. }),
         "a version that cannot move on is corrupt data: {err}"
     );
+}
+
+fn cas_write_timeout() -> DbError {
+    DbError::WriteTimeout {
+        consistency: Consistency::Serial,
+        received: 0,
+        required: 1,
+        write_type: WriteType::Cas,
+    }
+}
+
+/// The next conditional batch for `e` is answered by the proxy with a CAS write timeout and
+/// never reaches the node: the provider must resolve (and fence) it.
+fn time_out_before_the_node(proxy: &mut RunningProxy, e: &MembershipEntry) {
+    proxy.running_nodes[0].change_request_rules(Some(vec![RequestRule(
+        batch_for(e).and(Condition::TrueForLimitedTimes(1)),
+        RequestReaction::forge_with_error(cas_write_timeout()),
+    )]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_answered_false_with_its_own_tag_had_applied_so_the_write_did_not() {
+    let (mut proxy, table) = proxied(&unique("fence-own-tag")).await;
+    let v = table.read_all().await.unwrap().version;
+    let e = new_entry(Timestamp::now());
+    // The batch never reaches the node; the fence (the provider's next conditional statement,
+    // an EXECUTE) applies, its reply is dropped and the proxy sends the fence again: the node
+    // answers `[applied] = false` showing the fence's own fresh tag.
+    let last_execute: Arc<Mutex<Option<RequestFrame>>> = Arc::default();
+    let keep = Arc::clone(&last_execute);
+    proxy.running_nodes[0].change_request_rules(Some(vec![
+        RequestRule(
+            batch_for(&e).and(Condition::TrueForLimitedTimes(1)),
+            RequestReaction::forge_with_error(cas_write_timeout()),
+        ),
+        RequestRule(
+            Condition::RequestOpcode(RequestOpcode::Execute),
+            RequestReaction::transform_frame(Arc::new(move |f: RequestFrame| {
+                *keep.lock().unwrap() = Some(f.clone());
+                f
+            })),
+        ),
+    ]));
+    let replay = Arc::clone(&last_execute);
+    proxy.running_nodes[0].change_response_rules(Some(vec![ResponseRule(
+        applied_reply().and(Condition::TrueForLimitedTimes(1)),
+        ResponseReaction::forge_response(Arc::new(move |_: ResponseFrame| {
+            replay
+                .lock()
+                .unwrap()
+                .clone()
+                .expect("the fence went through")
+        })),
+    )]));
+    let outcome = table.insert_row(&e, &v.next()).await;
+    proxy.running_nodes[0].change_request_rules(None);
+    proxy.running_nodes[0].change_response_rules(None);
+    assert!(
+        !visible(&table, &e).await,
+        "the write never reached the node"
+    );
+    let after = table.read_all().await.unwrap().version;
+    assert_ne!(after.etag, v.etag, "the fence applied");
+    assert!(
+        matches!(outcome, Ok(false)),
+        "the fence applied, so the write can never apply: {outcome:?}"
+    );
+    drop(table);
+    drop(proxy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_reply_to_a_write_that_applied_is_resolved_not_corrupt_data() {
+    let (mut proxy, table) = proxied(&unique("void-reply")).await;
+    let v = table.read_all().await.unwrap().version;
+    let e = new_entry(Timestamp::now());
+    // The node applies the batch; its reply is replaced by a RESULT of kind Void (no rows, no
+    // [applied]): the write reached a coordinator, so the reply says nothing about its outcome.
+    proxy.running_nodes[0].change_response_rules(Some(vec![ResponseRule(
+        applied_reply().and(Condition::TrueForLimitedTimes(1)),
+        ResponseReaction::transform_frame(Arc::new(|r: ResponseFrame| {
+            ResponseFrame::new(r.params, ResponseOpcode::Result, vec![0, 0, 0, 1].into())
+        })),
+    )]));
+    let outcome = table.insert_row(&e, &v.next()).await;
+    assert!(visible(&table, &e).await, "the write applied");
+    assert!(
+        matches!(outcome, Ok(true)),
+        "an unreadable reply is ambiguous, and the re-read shows our write: {outcome:?}"
+    );
+    drop(table);
+    drop(proxy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ambiguous_insert_never_fences_a_missing_or_damaged_version_into_existence() {
+    let (mut proxy, table) = proxied(&unique("no-version")).await;
+    // A cluster without any version (deleted, or never initialized with one).
+    let bare = table.for_cluster(unique("no-version")).unwrap();
+    let absent = bare.read_all().await.unwrap().version;
+    assert!(absent.etag.is_absent());
+    let e = new_entry(Timestamp::now());
+    time_out_before_the_node(&mut proxy, &e);
+    let outcome = bare.insert_row(&e, &absent.next()).await;
+    proxy.running_nodes[0].change_request_rules(None);
+    assert!(
+        bare.read_all().await.unwrap().version.etag.is_absent(),
+        "resolving the insert created a version ({outcome:?})"
+    );
+    assert!(
+        outcome
+            .as_ref()
+            .is_err_and(MembershipError::is_outcome_unknown),
+        "{outcome:?}"
+    );
+    // A damaged version: the tag is there, the number is not.
+    let s = session_with_keyspace().await;
+    let tag = uuid::Uuid::new_v4();
+    s.query_unpaged(
+        format!(
+            "UPDATE {KEYSPACE}.membership SET version = null, version_etag = ? \
+             WHERE service_id = 'test-service' AND cluster_id = ?"
+        ),
+        (tag, table.cluster_id()),
+    )
+    .await
+    .unwrap();
+    let damaged = TableVersion {
+        version: 7,
+        etag: ETag::new(tag.to_string()),
+    };
+    let e = new_entry(Timestamp::now());
+    time_out_before_the_node(&mut proxy, &e);
+    let outcome = table.insert_row(&e, &damaged.next()).await;
+    proxy.running_nodes[0].change_request_rules(None);
+    let (version, etag): (Option<i64>, Option<uuid::Uuid>) = s
+        .query_unpaged(
+            format!(
+                "SELECT version, version_etag FROM {KEYSPACE}.membership \
+                 WHERE service_id = 'test-service' AND cluster_id = ?"
+            ),
+            (table.cluster_id(),),
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap()
+        .first_row()
+        .unwrap();
+    assert_eq!(
+        (version, etag),
+        (None, Some(tag)),
+        "resolving the insert rewrote the damaged version ({outcome:?})"
+    );
+    assert!(
+        outcome
+            .as_ref()
+            .is_err_and(MembershipError::is_outcome_unknown),
+        "{outcome:?}"
+    );
+    drop(table);
+    drop(proxy);
 }
