@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use cassandra_membership::{
     CassandraClusteringOptions, CassandraMembershipTable, ConsistencyProfile, MembershipTable,
-    Timestamp, TtlMismatchPolicy,
+    PatchAction, Timestamp, TtlMismatchPolicy,
 };
 use clap::{Parser, Subcommand, ValueEnum};
 use serde::Serialize;
@@ -72,6 +72,15 @@ struct Cli {
     /// Per-statement timeout, also the connect timeout ("10s").
     #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_REQUEST_TIMEOUT", value_parser = humantime::parse_duration)]
     request_timeout: Option<Duration>,
+    /// Storage-side expiry on or off (the options file's `ttl`). `patch` needs it set here or in
+    /// the file: it enforces it on the whole table.
+    #[arg(
+        long,
+        global = true,
+        env = "CASSANDRA_MEMBERSHIP_TTL",
+        value_name = "BOOL"
+    )]
+    ttl: Option<bool>,
     /// Print JSON (stable field names) instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -96,7 +105,13 @@ enum Command {
     /// Writes nothing.
     Audit,
     /// Applies the `patch` TTL policy (as a silo's initialize would) and shows what it changed.
-    Patch,
+    /// Needs `ttl` set explicitly (config file or --ttl): the table default it alters is shared
+    /// by every cluster of the table. Shows the audit and refuses without --yes.
+    Patch {
+        /// Really patch.
+        #[arg(long)]
+        yes: bool,
+    },
     /// Removes entries that are not Active and show no activity for this long (cleanup_defunct).
     Cleanup {
         /// e.g. "7d", "12h".
@@ -145,7 +160,10 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), CliError> {
-    let options = config::resolve(
+    let config::Resolved {
+        options,
+        ttl_explicit,
+    } = config::resolve(
         cli.config.as_deref(),
         Overrides {
             contact_points: cli.contact_points,
@@ -158,9 +176,19 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 Consistency::LocalQuorum => ConsistencyProfile::LocalQuorum,
             }),
             request_timeout: cli.request_timeout,
+            ttl: cli.ttl,
         },
         |name| std::env::var(name).ok(),
     )?;
+    if matches!(cli.command, Command::Patch { .. }) && !ttl_explicit {
+        // The library's default is ttl = false: patching with it would turn expiry off for every
+        // cluster of the table and rewrite rows without TTL. Refused before connecting.
+        return Err(CliError::Usage(
+            "patch enforces the configured TTL on the whole table: set `ttl` in the --config file \
+             or pass --ttl true|false (refusing to use the default, which turns expiry off)"
+                .into(),
+        ));
+    }
     let table = connect(options).await?;
     let json = cli.json;
     match cli.command {
@@ -173,7 +201,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let a = AuditReport::from_audit(&table.audit_ttl().await?);
             print(json, &a, || report::audit_text(&a))
         }
-        Command::Patch => patch(&table, json).await,
+        Command::Patch { yes } => patch(&table, yes, json).await,
         Command::Cleanup { older_than } => cleanup(&table, older_than, json).await,
         Command::DeleteCluster { target, yes } => delete_cluster(&table, &target, yes, json).await,
         Command::Watch {
@@ -244,15 +272,35 @@ async fn members(table: &CassandraMembershipTable) -> Result<MembersReport, CliE
 struct PatchReport {
     /// What the audit found before: every row listed here was rewritten or removed.
     before: AuditReport,
-    /// The audit after patching (agrees, unless rows changed meanwhile or are unreadable).
+    /// The audit after patching (agrees, unless rows changed meanwhile, are unreadable or are
+    /// kept while their silo may live).
     after: AuditReport,
+    /// Whether patch changed anything (false: the table default agreed and every disagreeing
+    /// row is kept as it is).
+    patched: bool,
 }
 
-async fn patch(table: &CassandraMembershipTable, json: bool) -> Result<(), CliError> {
+async fn patch(table: &CassandraMembershipTable, yes: bool, json: bool) -> Result<(), CliError> {
     // The audit first: it also fails (writing nothing) when the table does not exist, so
     // patching never creates one.
     let before = table.audit_ttl().await?;
-    if !before.agrees() {
+    // Rows of silos that may still run are kept as they are (keep_while_live): only a table
+    // default to alter or rows to rewrite or remove are changes to confirm.
+    let changes = before.table_default_ttl != before.configured_ttl
+        || before
+            .rows
+            .iter()
+            .any(|r| matches!(r.action, PatchAction::Rewrite { .. } | PatchAction::Remove));
+    if changes && !yes {
+        // Say what would change before anything changes, like delete-cluster.
+        let a = AuditReport::from_audit(&before);
+        print(json, &a, || report::audit_text(&a))?;
+        return Err(CliError::Usage(format!(
+            "refusing to patch {} without --yes (the audit above is what it would do)",
+            table.qualified_table()
+        )));
+    }
+    if changes {
         let options = table
             .options()
             .clone()
@@ -265,9 +313,10 @@ async fn patch(table: &CassandraMembershipTable, json: bool) -> Result<(), CliEr
     let r = PatchReport {
         before: AuditReport::from_audit(&before),
         after: AuditReport::from_audit(&after),
+        patched: changes,
     };
     print(json, &r, || {
-        if r.before.agrees {
+        if !changes {
             return format!("nothing to patch\n{}", report::audit_text(&r.after));
         }
         let count = |a: &str| r.before.rows.iter().filter(|x| x.action == a).count();
