@@ -33,9 +33,13 @@ impl CliError {
     pub(crate) fn exit_code(&self) -> u8 {
         match self {
             CliError::Usage(_) => EXIT_USAGE,
+            // Wrong credentials or grants, a wrong keyspace or table: the configuration is at
+            // fault, and retrying it unchanged fails the same way.
             CliError::Membership(
                 MembershipError::InvalidConfiguration { .. }
-                | MembershipError::InvalidSiloAddress { .. },
+                | MembershipError::InvalidSiloAddress { .. }
+                | MembershipError::AccessDenied { .. }
+                | MembershipError::SchemaMismatch { .. },
             ) => EXIT_USAGE,
             CliError::Membership(_) | CliError::Failed(_) => EXIT_FAILED,
         }
@@ -76,6 +80,7 @@ pub(crate) struct Overrides {
     pub(crate) cluster: Option<String>,
     pub(crate) consistency: Option<ConsistencyProfile>,
     pub(crate) request_timeout: Option<Duration>,
+    pub(crate) connect_timeout: Option<Duration>,
     pub(crate) ttl: Option<bool>,
 }
 
@@ -121,6 +126,7 @@ pub(crate) fn resolve(
         cluster,
         consistency,
         request_timeout,
+        connect_timeout,
         ttl,
     } = overrides;
     if let Some(points) = contact_points {
@@ -143,6 +149,9 @@ pub(crate) fn resolve(
     }
     if let Some(t) = request_timeout {
         o.request_timeout = t;
+    }
+    if let Some(t) = connect_timeout {
+        o.connect_timeout = t;
     }
     if let Some(t) = ttl {
         o.ttl = t;

@@ -29,7 +29,8 @@ use report::{AuditReport, ClusterReport, MembersReport};
     about = "See, audit, patch and clean Orleans-style membership tables in Cassandra",
     after_help = "Credentials come from the config file's [credentials] or from \
                   CASSANDRA_MEMBERSHIP_USERNAME and CASSANDRA_MEMBERSHIP_PASSWORD; they are never printed.\n\
-                  Exit codes: 0 ok, 1 operation failed, 2 usage or configuration error."
+                  Exit codes: 0 ok, 1 operation failed, 2 usage or configuration error (also access denied, \
+                  and a keyspace or table that does not exist or has another shape)."
 )]
 struct Cli {
     /// The provider's TOML options file (the same one a silo host loads); flags override it.
@@ -69,9 +70,12 @@ struct Cli {
         value_enum
     )]
     consistency: Option<Consistency>,
-    /// Per-statement timeout, also the connect timeout ("10s").
+    /// Per-statement timeout ("10s").
     #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_REQUEST_TIMEOUT", value_parser = humantime::parse_duration)]
     request_timeout: Option<Duration>,
+    /// How long connecting may take before the command fails with exit 1 ("5s").
+    #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_CONNECT_TIMEOUT", value_parser = humantime::parse_duration)]
+    connect_timeout: Option<Duration>,
     /// Storage-side expiry on or off (the options file's `ttl`). `patch` needs it set here or in
     /// the file: it enforces it on the whole table.
     #[arg(
@@ -176,6 +180,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 Consistency::LocalQuorum => ConsistencyProfile::LocalQuorum,
             }),
             request_timeout: cli.request_timeout,
+            connect_timeout: cli.connect_timeout,
             ttl: cli.ttl,
         },
         |name| std::env::var(name).ok(),
@@ -214,8 +219,9 @@ async fn run(cli: Cli) -> Result<(), CliError> {
 async fn connect(
     options: CassandraClusteringOptions,
 ) -> Result<CassandraMembershipTable, CliError> {
-    // The driver's connect honours the timeout per connection; this bounds the whole attempt.
-    let limit = options.request_timeout.saturating_mul(2);
+    // The library bounds its connect by connect_timeout; this outer bound (with a second of
+    // room for the library to report its own, more precise error) holds if it ever did not.
+    let limit = options.connect_timeout + Duration::from_secs(1);
     let points = options.contact_points.join(",");
     match tokio::time::timeout(limit, CassandraMembershipTable::connect(options)).await {
         Ok(r) => Ok(r?),

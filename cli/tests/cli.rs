@@ -585,18 +585,17 @@ fn an_unreachable_node_is_exit_1_within_the_timeout_and_credentials_are_never_ec
             "--contact-points",
             "127.0.0.1:1",
             "--request-timeout",
-            "3s",
+            "30s",
+            "--connect-timeout",
+            "2s",
             "clusters",
         ])
         .output()
         .unwrap();
     let elapsed = started.elapsed();
     assert_eq!(out.status.code(), Some(1), "{out:?}");
-    // The whole attempt is bounded by twice the request timeout.
-    assert!(
-        elapsed < Duration::from_secs(6) + Duration::from_secs(2),
-        "{elapsed:?}"
-    );
+    // The whole attempt is bounded by the connect timeout, not the request timeout.
+    assert!(elapsed < Duration::from_secs(2 + 3), "{elapsed:?}");
     let all = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -604,4 +603,25 @@ fn an_unreachable_node_is_exit_1_within_the_timeout_and_credentials_are_never_ec
     );
     assert!(all.contains("unavailable during connect"), "{all}");
     assert!(!all.contains("pa55-never-printed"), "{all}");
+}
+
+#[test]
+fn a_wrong_keyspace_or_table_is_a_configuration_error_exit_2() {
+    for (keyspace, table) in [
+        (keyspace(), "no_such_table_f14".to_owned()),
+        ("no_such_keyspace_f14".to_owned(), "membership".to_owned()),
+    ] {
+        let out = Command::cargo_bin("cassandra-membership")
+            .unwrap()
+            .timeout(COMMAND_TIMEOUT)
+            .args(["--contact-points", &contact_points()])
+            .args(["--keyspace", &keyspace, "--table", &table, "members"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{keyspace}.{table}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("schema mismatch"),
+            "{out:?}"
+        );
+    }
 }
