@@ -435,8 +435,17 @@ async fn watch(
 ) -> Result<(), CliError> {
     let clear = !json && std::io::stdout().is_terminal();
     let mut done = 0u64;
+    // One listener for the whole watch, created before the first read: a listener created per
+    // wait would miss a Ctrl-C that arrives while a read is in flight (tokio keeps the signal
+    // handler installed, so the default "terminate" no longer applies either).
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
     loop {
-        match members(table).await {
+        let read = tokio::select! {
+            m = members(table) => m,
+            _ = &mut ctrl_c => return Ok(()),
+        };
+        match read {
             Ok(m) => {
                 if clear {
                     print!("\x1b[2J\x1b[H"); // clear the screen, cursor home
@@ -466,7 +475,7 @@ async fn watch(
         }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = &mut ctrl_c => return Ok(()),
         }
     }
 }
