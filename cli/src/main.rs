@@ -252,18 +252,32 @@ fn print<T: Serialize>(
 
 async fn clusters(table: &CassandraMembershipTable, json: bool) -> Result<(), CliError> {
     let mut reports = Vec::new();
+    let mut failed = Vec::new();
     for (service, cluster) in table.list_clusters().await? {
         // One damaged cluster must not hide the others: report it in its line.
         match table.inspect_cluster(&service, &cluster).await {
             Ok(c) => reports.push(ClusterReport::from_inspection(&c)),
-            Err(e) => reports.push(ClusterReport::failed(
-                service,
-                cluster,
-                CliError::from(e).to_string(),
-            )),
+            Err(e) => {
+                failed.push(format!("{service}/{cluster}"));
+                reports.push(ClusterReport::failed(
+                    service,
+                    cluster,
+                    CliError::from(e).to_string(),
+                ))
+            }
         }
     }
-    print(json, &reports, || report::clusters_table(&reports))
+    print(json, &reports, || report::clusters_table(&reports))?;
+    // What was read is printed; a script must still learn that the listing is incomplete.
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError::Failed(format!(
+            "{} cluster(s) could not be read (see their error): {}",
+            failed.len(),
+            failed.join(", ")
+        )))
+    }
 }
 
 async fn members(table: &CassandraMembershipTable) -> Result<MembersReport, CliError> {

@@ -625,3 +625,34 @@ fn a_wrong_keyspace_or_table_is_a_configuration_error_exit_2() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clusters_exits_1_when_a_cluster_cannot_be_read_and_still_prints_the_others() {
+    let table = unique_table();
+    let blue = cluster(&table, "blue", false).await;
+    three_entries(&blue).await;
+    let green = cluster(&table, "green", false).await;
+    // A version written by another program: no silo writes a negative version.
+    blue.session()
+        .query_unpaged(
+            format!(
+                "UPDATE {} SET version = -1 WHERE service_id = ? AND cluster_id = ?",
+                blue.qualified_table()
+            ),
+            (SERVICE, "blue"),
+        )
+        .await
+        .unwrap();
+    let out = cli(&table).args(["clusters", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let list = report.as_array().unwrap();
+    assert_eq!(list.len(), 2, "{report}");
+    let find = |id: &str| list.iter().find(|c| c["cluster_id"] == id).unwrap();
+    assert!(find("blue")["error"].is_string(), "{report}");
+    assert!(find("green")["error"].is_null(), "{report}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("blue"), "names the cluster: {stderr}");
+    drop_table(&blue).await;
+    drop(green);
+}
