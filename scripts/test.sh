@@ -88,6 +88,12 @@ cleanup() {
   if [ "$started_here" = 1 ] && [ -z "${KEEP_CASSANDRA:-}" ]; then
     if [ "$runtime" = docker ]; then
       compose rm --stop --force --volumes "$backend"
+      # `rm` leaves the project's network behind. `down` removes it (and no named volumes), but
+      # it takes every service of the project with it: only when no other container of the
+      # project (one this script did not start) is left.
+      if [ -z "$(compose ps --all --quiet)" ]; then
+        compose down
+      fi
     else
       scripts/cassandra.sh stop
     fi

@@ -33,9 +33,13 @@ impl CliError {
     pub(crate) fn exit_code(&self) -> u8 {
         match self {
             CliError::Usage(_) => EXIT_USAGE,
+            // Wrong credentials or grants, a wrong keyspace or table: the configuration is at
+            // fault, and retrying it unchanged fails the same way.
             CliError::Membership(
                 MembershipError::InvalidConfiguration { .. }
-                | MembershipError::InvalidSiloAddress { .. },
+                | MembershipError::InvalidSiloAddress { .. }
+                | MembershipError::AccessDenied { .. }
+                | MembershipError::SchemaMismatch { .. },
             ) => EXIT_USAGE,
             CliError::Membership(_) | CliError::Failed(_) => EXIT_FAILED,
         }
@@ -76,6 +80,16 @@ pub(crate) struct Overrides {
     pub(crate) cluster: Option<String>,
     pub(crate) consistency: Option<ConsistencyProfile>,
     pub(crate) request_timeout: Option<Duration>,
+    pub(crate) connect_timeout: Option<Duration>,
+    pub(crate) ttl: Option<bool>,
+}
+
+/// The options, and what of them the operator said explicitly (where a default would be harmful).
+#[derive(Debug)]
+pub(crate) struct Resolved {
+    pub(crate) options: CassandraClusteringOptions,
+    /// `ttl` came from the config file or `--ttl`, not from the library's default (off).
+    pub(crate) ttl_explicit: bool,
 }
 
 /// Reads the options file (if any), applies environment credentials and flags, validates.
@@ -83,10 +97,10 @@ pub(crate) fn resolve(
     file: Option<&Path>,
     overrides: Overrides,
     env: impl Fn(&str) -> Option<String>,
-) -> Result<CassandraClusteringOptions, CliError> {
-    let mut o = match file {
+) -> Result<Resolved, CliError> {
+    let (mut o, mut ttl_explicit) = match file {
         Some(path) => load(path)?,
-        None => CassandraClusteringOptions::default(),
+        None => (CassandraClusteringOptions::default(), false),
     };
     match (env(ENV_USERNAME), env(ENV_PASSWORD)) {
         (Some(username), Some(password)) => {
@@ -112,6 +126,8 @@ pub(crate) fn resolve(
         cluster,
         consistency,
         request_timeout,
+        connect_timeout,
+        ttl,
     } = overrides;
     if let Some(points) = contact_points {
         o.contact_points = points;
@@ -134,18 +150,82 @@ pub(crate) fn resolve(
     if let Some(t) = request_timeout {
         o.request_timeout = t;
     }
+    if let Some(t) = connect_timeout {
+        o.connect_timeout = t;
+    }
+    if let Some(t) = ttl {
+        o.ttl = t;
+        ttl_explicit = true;
+    }
     // An operator tool never creates a keyspace, whatever a development config says.
     o.create_keyspace_with_replication = None;
     o.validate()?;
-    Ok(o)
+    Ok(Resolved {
+        options: o,
+        ttl_explicit,
+    })
 }
 
-fn load(path: &Path) -> Result<CassandraClusteringOptions, CliError> {
+/// The options of the file, and whether it sets `ttl` itself.
+fn load(path: &Path) -> Result<(CassandraClusteringOptions, bool), CliError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| CliError::Usage(format!("cannot read config file {}: {e}", path.display())))?;
-    // toml's message names the offending key (or the unknown field) and shows its line.
-    toml::from_str(&text)
-        .map_err(|e| CliError::Usage(format!("invalid config file {}: {e}", path.display())))
+    let invalid = |e: toml::de::Error| {
+        CliError::Usage(format!(
+            "invalid config file {}: {}",
+            path.display(),
+            describe(&text, &e)
+        ))
+    };
+    let options = toml::from_str(&text).map_err(invalid)?;
+    // Parsed twice only to learn which keys the file sets; it parsed once, so it parses again.
+    let ttl_explicit = toml::from_str::<toml::Table>(&text)
+        .map_err(invalid)?
+        .contains_key("ttl");
+    Ok((options, ttl_explicit))
+}
+
+/// A parse error as its message and position. toml's own `Display` quotes the offending source
+/// line, which may be the `[credentials]` password: no text of the file is ever printed, and a
+/// message that quotes a value (serde's "invalid type: integer `123`") has the password values
+/// of the file blanked out.
+fn describe(text: &str, e: &toml::de::Error) -> String {
+    let mut message = e.message().trim().to_owned();
+    for secret in secrets(text) {
+        message = message.replace(&secret, "<redacted>");
+    }
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+            format!("line {line}, column {column}: {message}")
+        }
+        None => message,
+    }
+}
+
+/// The raw values of the file's `password` keys (quoted and unquoted forms), longest first.
+fn secrets(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        let key = key.trim().trim_matches(|c| c == '"' || c == '\'');
+        if !key.to_ascii_lowercase().ends_with("password") {
+            continue;
+        }
+        let value = value.trim();
+        let unquoted = value.trim_matches(|c| c == '"' || c == '\'');
+        for v in [value, unquoted] {
+            if !v.is_empty() {
+                found.push(v.to_owned());
+            }
+        }
+    }
+    found.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    found
 }
 
 #[cfg(test)]
@@ -175,6 +255,8 @@ mod tests {
             no_env,
         )
         .unwrap();
+        assert!(o.ttl_explicit, "the file sets ttl");
+        let o = o.options;
         assert_eq!(o.keyspace, "from_file");
         assert_eq!(o.table, "t2");
         assert!(o.ttl);
@@ -203,6 +285,8 @@ mod tests {
             _ => None,
         };
         let o = resolve(None, Overrides::default(), env).unwrap();
+        assert!(!o.ttl_explicit);
+        let o = o.options;
         assert_eq!(o.credentials.unwrap().username, "ops");
     }
 

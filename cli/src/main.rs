@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use cassandra_membership::{
     CassandraClusteringOptions, CassandraMembershipTable, ConsistencyProfile, MembershipTable,
-    Timestamp, TtlMismatchPolicy,
+    PatchAction, Timestamp, TtlMismatchPolicy,
 };
 use clap::{Parser, Subcommand, ValueEnum};
 use serde::Serialize;
@@ -29,7 +29,8 @@ use report::{AuditReport, ClusterReport, MembersReport};
     about = "See, audit, patch and clean Orleans-style membership tables in Cassandra",
     after_help = "Credentials come from the config file's [credentials] or from \
                   CASSANDRA_MEMBERSHIP_USERNAME and CASSANDRA_MEMBERSHIP_PASSWORD; they are never printed.\n\
-                  Exit codes: 0 ok, 1 operation failed, 2 usage or configuration error."
+                  Exit codes: 0 ok, 1 operation failed, 2 usage or configuration error (also access denied, \
+                  and a keyspace or table that does not exist or has another shape)."
 )]
 struct Cli {
     /// The provider's TOML options file (the same one a silo host loads); flags override it.
@@ -69,9 +70,21 @@ struct Cli {
         value_enum
     )]
     consistency: Option<Consistency>,
-    /// Per-statement timeout, also the connect timeout ("10s").
+    /// Per-statement timeout ("10s").
     #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_REQUEST_TIMEOUT", value_parser = humantime::parse_duration)]
     request_timeout: Option<Duration>,
+    /// How long connecting may take before the command fails with exit 1 ("5s").
+    #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_CONNECT_TIMEOUT", value_parser = humantime::parse_duration)]
+    connect_timeout: Option<Duration>,
+    /// Storage-side expiry on or off (the options file's `ttl`). `patch` needs it set here or in
+    /// the file: it enforces it on the whole table.
+    #[arg(
+        long,
+        global = true,
+        env = "CASSANDRA_MEMBERSHIP_TTL",
+        value_name = "BOOL"
+    )]
+    ttl: Option<bool>,
     /// Print JSON (stable field names) instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -96,7 +109,13 @@ enum Command {
     /// Writes nothing.
     Audit,
     /// Applies the `patch` TTL policy (as a silo's initialize would) and shows what it changed.
-    Patch,
+    /// Needs `ttl` set explicitly (config file or --ttl): the table default it alters is shared
+    /// by every cluster of the table. Shows the audit and refuses without --yes.
+    Patch {
+        /// Really patch.
+        #[arg(long)]
+        yes: bool,
+    },
     /// Removes entries that are not Active and show no activity for this long (cleanup_defunct).
     Cleanup {
         /// e.g. "7d", "12h".
@@ -145,7 +164,10 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), CliError> {
-    let options = config::resolve(
+    let config::Resolved {
+        options,
+        ttl_explicit,
+    } = config::resolve(
         cli.config.as_deref(),
         Overrides {
             contact_points: cli.contact_points,
@@ -158,9 +180,20 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 Consistency::LocalQuorum => ConsistencyProfile::LocalQuorum,
             }),
             request_timeout: cli.request_timeout,
+            connect_timeout: cli.connect_timeout,
+            ttl: cli.ttl,
         },
         |name| std::env::var(name).ok(),
     )?;
+    if matches!(cli.command, Command::Patch { .. }) && !ttl_explicit {
+        // The library's default is ttl = false: patching with it would turn expiry off for every
+        // cluster of the table and rewrite rows without TTL. Refused before connecting.
+        return Err(CliError::Usage(
+            "patch enforces the configured TTL on the whole table: set `ttl` in the --config file \
+             or pass --ttl true|false (refusing to use the default, which turns expiry off)"
+                .into(),
+        ));
+    }
     let table = connect(options).await?;
     let json = cli.json;
     match cli.command {
@@ -173,7 +206,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let a = AuditReport::from_audit(&table.audit_ttl().await?);
             print(json, &a, || report::audit_text(&a))
         }
-        Command::Patch => patch(&table, json).await,
+        Command::Patch { yes } => patch(&table, yes, json).await,
         Command::Cleanup { older_than } => cleanup(&table, older_than, json).await,
         Command::DeleteCluster { target, yes } => delete_cluster(&table, &target, yes, json).await,
         Command::Watch {
@@ -186,8 +219,9 @@ async fn run(cli: Cli) -> Result<(), CliError> {
 async fn connect(
     options: CassandraClusteringOptions,
 ) -> Result<CassandraMembershipTable, CliError> {
-    // The driver's connect honours the timeout per connection; this bounds the whole attempt.
-    let limit = options.request_timeout.saturating_mul(2);
+    // The library bounds its connect by connect_timeout; this outer bound (with a second of
+    // room for the library to report its own, more precise error) holds if it ever did not.
+    let limit = options.connect_timeout + Duration::from_secs(1);
     let points = options.contact_points.join(",");
     match tokio::time::timeout(limit, CassandraMembershipTable::connect(options)).await {
         Ok(r) => Ok(r?),
@@ -218,18 +252,32 @@ fn print<T: Serialize>(
 
 async fn clusters(table: &CassandraMembershipTable, json: bool) -> Result<(), CliError> {
     let mut reports = Vec::new();
+    let mut failed = Vec::new();
     for (service, cluster) in table.list_clusters().await? {
         // One damaged cluster must not hide the others: report it in its line.
         match table.inspect_cluster(&service, &cluster).await {
             Ok(c) => reports.push(ClusterReport::from_inspection(&c)),
-            Err(e) => reports.push(ClusterReport::failed(
-                service,
-                cluster,
-                CliError::from(e).to_string(),
-            )),
+            Err(e) => {
+                failed.push(format!("{service}/{cluster}"));
+                reports.push(ClusterReport::failed(
+                    service,
+                    cluster,
+                    CliError::from(e).to_string(),
+                ))
+            }
         }
     }
-    print(json, &reports, || report::clusters_table(&reports))
+    print(json, &reports, || report::clusters_table(&reports))?;
+    // What was read is printed; a script must still learn that the listing is incomplete.
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError::Failed(format!(
+            "{} cluster(s) could not be read (see their error): {}",
+            failed.len(),
+            failed.join(", ")
+        )))
+    }
 }
 
 async fn members(table: &CassandraMembershipTable) -> Result<MembersReport, CliError> {
@@ -244,15 +292,35 @@ async fn members(table: &CassandraMembershipTable) -> Result<MembersReport, CliE
 struct PatchReport {
     /// What the audit found before: every row listed here was rewritten or removed.
     before: AuditReport,
-    /// The audit after patching (agrees, unless rows changed meanwhile or are unreadable).
+    /// The audit after patching (agrees, unless rows changed meanwhile, are unreadable or are
+    /// kept while their silo may live).
     after: AuditReport,
+    /// Whether patch changed anything (false: the table default agreed and every disagreeing
+    /// row is kept as it is).
+    patched: bool,
 }
 
-async fn patch(table: &CassandraMembershipTable, json: bool) -> Result<(), CliError> {
+async fn patch(table: &CassandraMembershipTable, yes: bool, json: bool) -> Result<(), CliError> {
     // The audit first: it also fails (writing nothing) when the table does not exist, so
     // patching never creates one.
     let before = table.audit_ttl().await?;
-    if !before.agrees() {
+    // Rows of silos that may still run are kept as they are (keep_while_live): only a table
+    // default to alter or rows to rewrite or remove are changes to confirm.
+    let changes = before.table_default_ttl != before.configured_ttl
+        || before
+            .rows
+            .iter()
+            .any(|r| matches!(r.action, PatchAction::Rewrite { .. } | PatchAction::Remove));
+    if changes && !yes {
+        // Say what would change before anything changes, like delete-cluster.
+        let a = AuditReport::from_audit(&before);
+        print(json, &a, || report::audit_text(&a))?;
+        return Err(CliError::Usage(format!(
+            "refusing to patch {} without --yes (the audit above is what it would do)",
+            table.qualified_table()
+        )));
+    }
+    if changes {
         let options = table
             .options()
             .clone()
@@ -265,9 +333,10 @@ async fn patch(table: &CassandraMembershipTable, json: bool) -> Result<(), CliEr
     let r = PatchReport {
         before: AuditReport::from_audit(&before),
         after: AuditReport::from_audit(&after),
+        patched: changes,
     };
     print(json, &r, || {
-        if r.before.agrees {
+        if !changes {
             return format!("nothing to patch\n{}", report::audit_text(&r.after));
         }
         let count = |a: &str| r.before.rows.iter().filter(|x| x.action == a).count();
@@ -380,8 +449,17 @@ async fn watch(
 ) -> Result<(), CliError> {
     let clear = !json && std::io::stdout().is_terminal();
     let mut done = 0u64;
+    // One listener for the whole watch, created before the first read: a listener created per
+    // wait would miss a Ctrl-C that arrives while a read is in flight (tokio keeps the signal
+    // handler installed, so the default "terminate" no longer applies either).
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
     loop {
-        match members(table).await {
+        let read = tokio::select! {
+            m = members(table) => m,
+            _ = &mut ctrl_c => return Ok(()),
+        };
+        match read {
             Ok(m) => {
                 if clear {
                     print!("\x1b[2J\x1b[H"); // clear the screen, cursor home
@@ -411,7 +489,7 @@ async fn watch(
         }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = &mut ctrl_c => return Ok(()),
         }
     }
 }

@@ -36,7 +36,8 @@ pub(crate) struct ClusterReport {
     pub(crate) entries_by_status: std::collections::BTreeMap<&'static str, usize>,
     pub(crate) unreadable_entries: usize,
     pub(crate) newest_i_am_alive: Option<String>,
-    /// `null`: the version never expires.
+    /// `null`: the version never expires — when `version` is not `null`; with `version` `null`
+    /// there is no version to expire (read `version` first).
     pub(crate) version_ttl_seconds: Option<u32>,
     pub(crate) version_expires_at: Option<String>,
     /// Why the cluster could not be read (e.g. a damaged version); `null` otherwise.

@@ -298,30 +298,131 @@ async fn audit_reports_what_patch_would_do_and_patch_does_it() {
     assert_eq!(audit["agrees"], false, "{audit}");
     assert_eq!(audit["table_default_ttl_seconds"], 0);
     assert_eq!(audit["configured_ttl_seconds"], 3600);
-    // Three entries and the version, all without TTL: each would be rewritten with one.
-    assert_eq!(audit["rows_disagreeing"], 4, "{audit}");
-    for row in audit["rows"].as_array().unwrap() {
-        assert_eq!(row["action"], "rewrite", "{row}");
-        assert!(row["current_ttl_seconds"].is_null());
-        assert!(row["new_ttl_seconds"].as_u64().unwrap() > 3000, "{row}");
+    // The audit is of the cluster's partition. The Dead entry is rewritten with a TTL; the
+    // Active and the Joining entry may belong to running silos (possibly with expiry off), so
+    // they keep no TTL while they may live; the version keeps none with them.
+    assert_eq!(audit["rows_disagreeing"], 3, "{audit}");
+    let action_of = |a: &Value, silo: &str| {
+        a["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["silo"] == silo)
+            .unwrap_or_else(|| panic!("{silo} not in {a}"))
+            .clone()
+    };
+    let dead = action_of(&audit, "10.0.0.2:11111@1");
+    assert_eq!(dead["action"], "rewrite", "{dead}");
+    assert!(dead["current_ttl_seconds"].is_null());
+    assert!(dead["new_ttl_seconds"].as_u64().unwrap() > 3000, "{dead}");
+    for live in ["10.0.0.1:11111@1", "10.0.0.3:11111@1"] {
+        let row = action_of(&audit, live);
+        assert_eq!(row["action"], "keep_while_live", "{row}");
+        assert!(row["new_ttl_seconds"].is_null(), "{row}");
     }
     // Read-only: a second audit finds the same.
     let again = json(cli(&table).args(["--config", config, "audit", "--json"]));
-    assert_eq!(again["rows_disagreeing"], 4);
+    assert_eq!(again["rows_disagreeing"], 3);
     assert!(text(cli(&table).args(["--config", config, "audit"])).contains("rewrite, expire in"));
 
-    let patch = json(cli(&table).args(["--config", config, "patch", "--json"]));
-    assert_eq!(patch["before"]["rows_disagreeing"], 4, "{patch}");
-    assert_eq!(patch["after"]["agrees"], true, "{patch}");
+    let patch = json(cli(&table).args(["--config", config, "patch", "--yes", "--json"]));
+    assert_eq!(patch["patched"], true, "{patch}");
+    assert_eq!(patch["before"]["rows_disagreeing"], 3, "{patch}");
     assert_eq!(patch["after"]["table_default_ttl_seconds"], 3600);
+    // What is left are the rows kept while their silos may live.
+    let after = patch["after"]["rows"].as_array().unwrap();
+    assert_eq!(after.len(), 2, "{patch}");
+    assert!(
+        after.iter().all(|r| r["action"] == "keep_while_live"),
+        "{patch}"
+    );
     let members = json(cli(&table).args(["--config", config, "members", "--json"]));
-    for m in members["members"].as_array().unwrap() {
-        assert!(m["ttl_seconds"].as_u64().unwrap() > 3000, "{m}");
-    }
-    // Nothing left to do.
+    let dead = member(&members, "10.0.0.2:11111@1");
+    assert!(dead["ttl_seconds"].as_u64().unwrap() > 3000, "{dead}");
+    assert!(member(&members, "10.0.0.1:11111@1")["ttl_seconds"].is_null());
+    // Nothing left to change: no confirmation needed, nothing patched.
     let patch = json(cli(&table).args(["--config", config, "patch", "--json"]));
-    assert_eq!(patch["before"]["agrees"], true, "{patch}");
+    assert_eq!(patch["patched"], false, "{patch}");
+    assert_eq!(patch["before"], patch["after"], "{patch}");
     drop_table(&t).await;
+}
+
+/// The table default TTL and the TTL audit of `t`'s cluster, to show nothing changed.
+async fn expiry_state(t: &CassandraMembershipTable) -> (u64, u64, bool) {
+    let a = t.audit_ttl().await.unwrap();
+    (a.table_default_ttl, a.disagreeing(), a.agrees())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn patch_refuses_without_an_explicit_ttl_and_without_yes_changing_nothing() {
+    let table = unique_table();
+    // A table with expiry on: a patch run with the defaults (ttl = false) would turn it off for
+    // every cluster of the table and rewrite the rows without TTL.
+    let t = cluster(&table, "blue", true).await;
+    three_entries(&t).await;
+    let before = expiry_state(&t).await;
+    assert!(before.0 > 0 && before.2, "{before:?}");
+
+    for args in [&["patch"][..], &["patch", "--yes"][..]] {
+        let out = cli(&table)
+            .args(["--cluster", "blue"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("--ttl"), "names what is missing: {stderr}");
+        assert_eq!(expiry_state(&t).await, before, "{args:?} changed nothing");
+    }
+
+    // Explicit, but without --yes: shows what it would do and refuses.
+    let out = cli(&table)
+        .args(["--cluster", "blue", "--ttl", "false", "patch"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--yes"), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("rewrite"), "shows the audit: {stdout}");
+    assert_eq!(expiry_state(&t).await, before, "nothing changed");
+    let members = t.read_all().await.unwrap();
+    assert_eq!(members.rows.len(), 3);
+    drop_table(&t).await;
+}
+
+#[test]
+fn a_config_parse_error_never_prints_the_password() {
+    for body in [
+        // Unquoted: toml quotes the offending line in its error text.
+        "keyspace = \"orleans\"\n[credentials]\nusername = \"ops\"\npassword = hunter2-unquoted\n",
+        // An invalid escape inside the string.
+        "[credentials]\nusername = \"ops\"\npassword = \"hunter2\\q-escape\"\n",
+        // A valid TOML value of the wrong type: serde quotes the value in its message.
+        "[credentials]\nusername = \"ops\"\npassword = 73571234\n",
+    ] {
+        let path = config_file(body);
+        let out = cli("membership")
+            .args(["--config", path.to_str().unwrap(), "clusters"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for secret in ["hunter2", "73571234"] {
+            assert!(
+                !all.contains(secret),
+                "{secret} printed for {body:?}: {all}"
+            );
+        }
+        assert!(
+            all.contains("line 4") || all.contains("line 3"),
+            "says where: {all}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -484,18 +585,17 @@ fn an_unreachable_node_is_exit_1_within_the_timeout_and_credentials_are_never_ec
             "--contact-points",
             "127.0.0.1:1",
             "--request-timeout",
-            "3s",
+            "30s",
+            "--connect-timeout",
+            "2s",
             "clusters",
         ])
         .output()
         .unwrap();
     let elapsed = started.elapsed();
     assert_eq!(out.status.code(), Some(1), "{out:?}");
-    // The whole attempt is bounded by twice the request timeout.
-    assert!(
-        elapsed < Duration::from_secs(6) + Duration::from_secs(2),
-        "{elapsed:?}"
-    );
+    // The whole attempt is bounded by the connect timeout, not the request timeout.
+    assert!(elapsed < Duration::from_secs(2 + 3), "{elapsed:?}");
     let all = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -503,4 +603,56 @@ fn an_unreachable_node_is_exit_1_within_the_timeout_and_credentials_are_never_ec
     );
     assert!(all.contains("unavailable during connect"), "{all}");
     assert!(!all.contains("pa55-never-printed"), "{all}");
+}
+
+#[test]
+fn a_wrong_keyspace_or_table_is_a_configuration_error_exit_2() {
+    for (keyspace, table) in [
+        (keyspace(), "no_such_table_f14".to_owned()),
+        ("no_such_keyspace_f14".to_owned(), "membership".to_owned()),
+    ] {
+        let out = Command::cargo_bin("cassandra-membership")
+            .unwrap()
+            .timeout(COMMAND_TIMEOUT)
+            .args(["--contact-points", &contact_points()])
+            .args(["--keyspace", &keyspace, "--table", &table, "members"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{keyspace}.{table}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("schema mismatch"),
+            "{out:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clusters_exits_1_when_a_cluster_cannot_be_read_and_still_prints_the_others() {
+    let table = unique_table();
+    let blue = cluster(&table, "blue", false).await;
+    three_entries(&blue).await;
+    let green = cluster(&table, "green", false).await;
+    // A version written by another program: no silo writes a negative version.
+    blue.session()
+        .query_unpaged(
+            format!(
+                "UPDATE {} SET version = -1 WHERE service_id = ? AND cluster_id = ?",
+                blue.qualified_table()
+            ),
+            (SERVICE, "blue"),
+        )
+        .await
+        .unwrap();
+    let out = cli(&table).args(["clusters", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let list = report.as_array().unwrap();
+    assert_eq!(list.len(), 2, "{report}");
+    let find = |id: &str| list.iter().find(|c| c["cluster_id"] == id).unwrap();
+    assert!(find("blue")["error"].is_string(), "{report}");
+    assert!(find("green")["error"].is_null(), "{report}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("blue"), "names the cluster: {stderr}");
+    drop_table(&blue).await;
+    drop(green);
 }

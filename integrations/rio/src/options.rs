@@ -34,6 +34,12 @@ pub struct RioStorageOptions {
     /// How often a conditional write is retried when another writer changed the table first.
     /// Default 20.
     pub write_attempts: u32,
+    /// How long a rio call keeps retrying transient failures (timeouts, unavailability, unknown
+    /// outcomes, lost races beyond `write_attempts`) with jittered backoff before it reports
+    /// one. rio's peer-to-peer provider stops a server's membership loop on the first error it
+    /// sees, so only unavailability that lasts this long should reach it. Default 30 s.
+    #[serde(with = "humantime_serde")]
+    pub retry_for: Duration,
 }
 
 impl Default for RioStorageOptions {
@@ -51,6 +57,7 @@ impl RioStorageOptions {
             missed_heartbeats_limit: m.num_missed_table_i_am_alive_limit,
             failures_kept: 100,
             write_attempts: 20,
+            retry_for: Duration::from_secs(30),
         }
     }
 

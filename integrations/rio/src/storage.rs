@@ -137,13 +137,7 @@ impl CassandraMembershipStorage {
 
     async fn backoff(attempt: u32) {
         // Jitter so that servers that lost the same race do not collide again.
-        let jitter = u64::from(
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .subsec_nanos()
-                % 20,
-        );
+        let jitter = u64::from(jitter_percent() % 20);
         let ms = 10u64.saturating_mul(u64::from(attempt.min(10))) + jitter;
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
@@ -153,6 +147,37 @@ impl CassandraMembershipStorage {
             operation,
             attempts: self.inner.options.write_attempts,
             elapsed: started.elapsed(),
+        }
+    }
+
+    /// Runs `step` until it succeeds, fails for good, or transient failures (see
+    /// [`MembershipError::is_transient`]) have lasted [`RioStorageOptions::retry_for`]: rio stops
+    /// a server's membership loop on any storage error, so a timeout, a node restart or a burst
+    /// of lost races must not reach it. Each step is safe to repeat: it re-reads the table
+    /// and writes conditionally on what it read.
+    async fn retrying<T, F, Fut>(&self, operation: &'static str, mut step: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let started = Instant::now();
+        let budget = self.inner.options.retry_for;
+        let mut delay = Duration::from_millis(50);
+        loop {
+            match step().await {
+                Err(e) if e.is_transient() => {
+                    // Full jitter in [delay/2, delay]: servers that failed together spread out.
+                    let wait = delay / 2 + delay.mul_f64(f64::from(jitter_percent()) / 200.0);
+                    if started.elapsed() + wait >= budget {
+                        warn!(operation, error = %e, elapsed = ?started.elapsed(), "transient failure lasted the whole retry budget: reporting it to rio");
+                        return Err(e);
+                    }
+                    debug!(operation, error = %e, ?wait, "transient failure: retrying");
+                    tokio::time::sleep(wait).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+                other => return other,
+            }
         }
     }
 
@@ -194,9 +219,12 @@ impl CassandraMembershipStorage {
     /// `push`: a new incarnation of the endpoint, then the older ones declared Dead.
     #[tracing::instrument(skip(self), fields(cluster = self.inner.table.cluster_id()), err)]
     async fn push_member(&self, ep: SocketAddr, active: bool) -> Result<SiloAddress> {
-        let address = self.insert_incarnation(ep, status_for(active)).await?;
+        // Retried step by step: a repeated insert would start yet another incarnation.
+        let address = self
+            .retrying("push", || self.insert_incarnation(ep, status_for(active)))
+            .await?;
         self.keep_alive(address);
-        self.retire_older(address).await?;
+        self.retrying("push", || self.retire_older(address)).await?;
         info!(%address, "member pushed");
         Ok(address)
     }
@@ -273,6 +301,10 @@ impl CassandraMembershipStorage {
         if let Some(o) = self.own().remove(&ep) {
             o.keeper.abort();
         }
+        self.retrying("remove", || self.retire_endpoint(ep)).await
+    }
+
+    async fn retire_endpoint(&self, ep: SocketAddr) -> Result<usize> {
         let table = &self.inner.table;
         let started = Instant::now();
         let mut removed = 0;
@@ -306,10 +338,12 @@ impl CassandraMembershipStorage {
     async fn set_member_active(&self, ep: SocketAddr, active: bool) -> Result<()> {
         let status = status_for(active);
         let done = self
-            .change("set_is_active", ep, |e| {
-                (e.status != status).then(|| MembershipEntry {
-                    status,
-                    ..e.clone()
+            .retrying("set_is_active", || {
+                self.change("set_is_active", ep, |e| {
+                    (e.status != status).then(|| MembershipEntry {
+                        status,
+                        ..e.clone()
+                    })
                 })
             })
             .await?;
@@ -325,15 +359,18 @@ impl CassandraMembershipStorage {
         };
         let kept = self.inner.options.failures_kept;
         let done = self
-            .change("notify_failure", ep, |e| {
-                if e.suspect_times.contains(&notice) {
-                    return None;
-                }
-                let mut new = e.clone();
-                new.suspect_times.push(notice.clone());
-                let excess = new.suspect_times.len().saturating_sub(kept);
-                new.suspect_times.drain(..excess);
-                Some(new)
+            .retrying("notify_failure", || {
+                self.change("notify_failure", ep, |e| {
+                    // Also how a retry after an unknown outcome recognises its own write.
+                    if e.suspect_times.contains(&notice) {
+                        return None;
+                    }
+                    let mut new = e.clone();
+                    new.suspect_times.push(notice.clone());
+                    let excess = new.suspect_times.len().saturating_sub(kept);
+                    new.suspect_times.drain(..excess);
+                    Some(new)
+                })
             })
             .await?;
         if done == Change::NoLiveEntry {
@@ -346,7 +383,9 @@ impl CassandraMembershipStorage {
 
     #[tracing::instrument(skip(self), fields(cluster = self.inner.table.cluster_id()), err)]
     async fn failures_of(&self, ep: SocketAddr) -> Result<Vec<DateTime<Utc>>> {
-        let snapshot = self.inner.table.read_all().await?;
+        let snapshot = self
+            .retrying("member_failures", || self.inner.table.read_all())
+            .await?;
         Ok(live_row(&snapshot, ep, Timestamp::now(), self.gone_after())
             .map(|r| {
                 r.entry
@@ -360,13 +399,24 @@ impl CassandraMembershipStorage {
 
     #[tracing::instrument(skip(self), fields(cluster = self.inner.table.cluster_id()), err)]
     async fn list_members(&self) -> Result<Vec<Member>> {
-        let snapshot = self.inner.table.read_all().await?;
+        let snapshot = self
+            .retrying("members", || self.inner.table.read_all())
+            .await?;
         Ok(mapping::members(
             &snapshot,
             Timestamp::now(),
             self.gone_after(),
         ))
     }
+}
+
+/// 0..=99, from the clock's nanoseconds: enough to spread servers that failed at the same moment.
+fn jitter_percent() -> u32 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos()
+        % 100
 }
 
 /// Publishes `address`'s I-am-alive every `period` while a clone of the storage lives, until
