@@ -48,6 +48,10 @@ struct Flaky {
     hang_inserts: AtomicBool,
     /// This many `read_all` calls fail with `Contention` first.
     failing_reads: AtomicU64,
+    /// `read_all` calls so far.
+    reads: AtomicU64,
+    /// The `read_all` call with this number (1-based; 0: none) fails with `Timeout`.
+    fail_read_number: AtomicU64,
 }
 
 impl Flaky {
@@ -60,6 +64,8 @@ impl Flaky {
             hang: AtomicBool::new(false),
             hang_inserts: AtomicBool::new(false),
             failing_reads: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+            fail_read_number: AtomicU64::new(0),
         })
     }
 }
@@ -76,6 +82,13 @@ impl MembershipTable for Flaky {
         self.inner.initialize(v).await
     }
     async fn read_all(&self) -> Result<MembershipSnapshot> {
+        let n = self.reads.fetch_add(1, Ordering::SeqCst) + 1;
+        if n == self.fail_read_number.load(Ordering::SeqCst) {
+            return Err(MembershipError::Timeout {
+                operation: "read_all",
+                source: "injected".into(),
+            });
+        }
         let left = self.failing_reads.load(Ordering::SeqCst);
         if left > 0 {
             self.failing_reads.store(left - 1, Ordering::SeqCst);
@@ -631,4 +644,128 @@ async fn a_backward_wall_clock_step_does_not_delay_the_fence_signal() {
         *health.borrow()
     );
     silo.crash();
+}
+
+/// Records every health change of `silo` from now on.
+fn record(silo: &cassandra_membership::Silo) -> Arc<std::sync::Mutex<Vec<SiloHealth>>> {
+    let seen = Arc::new(std::sync::Mutex::new(vec![silo.health().borrow().clone()]));
+    let mut rx = silo.health();
+    let out = seen.clone();
+    tokio::spawn(async move {
+        while rx.changed().await.is_ok() {
+            let h = rx.borrow_and_update().clone();
+            out.lock().unwrap().push(h);
+        }
+    });
+    seen
+}
+
+// Review 1: a fenced silo whose row was declared Dead meanwhile must not turn Healthy when its
+// (unchecked) heartbeat gets through again — the Cassandra table between renewals.
+#[tokio::test(start_paused = true)]
+async fn a_fenced_silo_declared_dead_meanwhile_never_turns_healthy_when_publishing_recovers() {
+    let clock = Arc::new(TokioClock::new());
+    let table = Flaky::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    table.blind.store(true, Ordering::SeqCst);
+    let silo = join(table.clone(), 1, &clock).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Storage is cut for this silo: heartbeats and the detector's reads fail.
+    table.failing.store(true, Ordering::SeqCst);
+    table.failing_reads.store(u64::MAX, Ordering::SeqCst);
+    let mut health = silo.health();
+    health
+        .wait_for(|h| matches!(h, SiloHealth::LeaseAtRisk { .. }))
+        .await
+        .unwrap();
+    let seen = record(&silo);
+    // The others declare it dead while it is fenced.
+    assert!(
+        protocol::set_status(&table.inner, &silo.address(), SiloStatus::Dead, clock.now())
+            .await
+            .unwrap()
+    );
+    // The heartbeat gets through again; the detector still cannot read.
+    table.failing.store(false, Ordering::SeqCst);
+    let last = silo.wait_final(Duration::from_secs(30)).await;
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        !seen.iter().any(|h| matches!(h, SiloHealth::Healthy { .. })),
+        "told Healthy while its row was Dead: {seen:?}"
+    );
+    assert_eq!(last, SiloHealth::DeclaredDead, "{seen:?}");
+    silo.crash();
+}
+
+// Review 2: a detector that cannot read must not leave a zombie Healthy: after
+// `num_missed_table_i_am_alive_limit` failed rounds the silo's own status is unknown: fence.
+#[tokio::test(start_paused = true)]
+async fn a_silo_whose_detector_cannot_read_is_fenced_after_the_missed_limit_of_rounds() {
+    let clock = Arc::new(TokioClock::new());
+    let table = Flaky::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    table.blind.store(true, Ordering::SeqCst);
+    let silo = join(table.clone(), 1, &clock).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    table.failing_reads.store(u64::MAX, Ordering::SeqCst);
+    assert!(
+        protocol::set_status(&table.inner, &silo.address(), SiloStatus::Dead, clock.now())
+            .await
+            .unwrap()
+    );
+    let health = silo.health();
+    // Three failed rounds, one per 10 s period (each bounded by one period).
+    let fenced = poll_until(Duration::from_secs(70), || {
+        matches!(*health.borrow(), SiloHealth::LeaseAtRisk { .. })
+    })
+    .await;
+    assert!(
+        fenced,
+        "still {:?} with its own row unread for 70 s",
+        *health.borrow()
+    );
+    // Reads come back: the row says Dead.
+    table.failing_reads.store(0, Ordering::SeqCst);
+    assert_eq!(
+        silo.wait_final(Duration::from_secs(15)).await,
+        SiloHealth::DeclaredDead
+    );
+}
+
+// Review 2: own status comes from the round's first read even when a suspect's re-read fails,
+// and a silo whose own row is Dead votes no one dead.
+#[tokio::test(start_paused = true)]
+async fn a_detection_round_reports_its_own_row_even_when_a_suspect_re_read_fails() {
+    let clock = Arc::new(TokioClock::new());
+    let table = Flaky::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    table.initialize(true).await.unwrap();
+    let mut me = entry_at(1, clock.as_ref());
+    me.status = SiloStatus::Active;
+    let mut silent = entry_at(2, clock.as_ref());
+    silent.status = SiloStatus::Active;
+    protocol::join(table.as_ref(), &me).await.unwrap();
+    protocol::join(table.as_ref(), &silent).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    // The round's second read (the suspect's re-read) fails.
+    let first = table.reads.load(Ordering::SeqCst) + 1;
+    table.fail_read_number.store(first + 1, Ordering::SeqCst);
+    let round = protocol::detection_round(table.as_ref(), &me.address, &options(), clock.now())
+        .await
+        .expect("a suspect's failure does not discard the round");
+    assert_eq!(round.own_status, Some(SiloStatus::Active));
+    assert!(round.declared.is_empty());
+    // Declared dead itself: it votes no one.
+    assert!(
+        protocol::set_status(table.as_ref(), &me.address, SiloStatus::Dead, clock.now())
+            .await
+            .unwrap()
+    );
+    let before = table.read_row(&silent.address).await.unwrap().rows[0].clone();
+    let round = protocol::detection_round(table.as_ref(), &me.address, &options(), clock.now())
+        .await
+        .unwrap();
+    assert_eq!(round.own_status, Some(SiloStatus::Dead));
+    let after = table.read_row(&silent.address).await.unwrap().rows[0].clone();
+    assert_eq!(
+        after.entry.suspect_times, before.entry.suspect_times,
+        "a Dead silo voted"
+    );
 }

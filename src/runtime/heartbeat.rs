@@ -43,6 +43,13 @@ pub struct HeartbeatPlanner {
     last_error: String,
     published_at: Duration,
     lease_due: Option<Duration>,
+    /// The fence horizon passed (the host was, or must be, told to fence). Only a read of the
+    /// own row after a successful publish clears it: meanwhile the others may have declared this
+    /// silo dead, and a heartbeat need not look at the row (the Cassandra table checks it once
+    /// per renewal interval).
+    fenced: bool,
+    /// A publish succeeded while fenced: the own row must be read before the fence is lifted.
+    awaiting_own_row: bool,
 }
 
 impl HeartbeatPlanner {
@@ -59,6 +66,8 @@ impl HeartbeatPlanner {
             last_error: String::new(),
             published_at: joined_at,
             lease_due: None,
+            fenced: false,
+            awaiting_own_row: false,
         }
     }
 
@@ -106,7 +115,7 @@ impl HeartbeatPlanner {
     pub fn next_delay(&self, now: Duration, unit_random: f64) -> Duration {
         let r = unit_random.clamp(0.0, 1.0);
         let fence_at = self.fence_at();
-        let mut delay = if now >= fence_at {
+        let mut delay = if self.fenced || now >= fence_at {
             self.backoff
         } else if self.failures == 0 {
             let jitter = scale(self.period, f64::from(self.jitter_percent) / 100.0);
@@ -122,9 +131,11 @@ impl HeartbeatPlanner {
     }
 
     /// The health at `now`; `in_flight` when a heartbeat is under way (it counts as a failure
-    /// once the fence horizon passes).
+    /// once the fence horizon passes). Once the fence horizon has passed it stays
+    /// [`SiloHealth::LeaseAtRisk`] until [`HeartbeatPlanner::on_own_row`] saw the own row live
+    /// after a successful publish.
     pub fn health(&self, now: Duration, in_flight: bool) -> SiloHealth {
-        if now >= self.fence_at() {
+        if self.fenced || now >= self.fence_at() {
             SiloHealth::LeaseAtRisk {
                 lease: self.lease,
                 failures: self.failures.saturating_add(u32::from(in_flight)),
@@ -151,8 +162,12 @@ impl HeartbeatPlanner {
         now: Duration,
         outcome: &Result<HeartbeatOutcome, MembershipError>,
     ) -> SiloHealth {
+        if now >= self.fence_at() {
+            self.fenced = true;
+        }
         match outcome {
             Ok(HeartbeatOutcome::Refreshed { lease }) => {
+                self.awaiting_own_row = self.fenced;
                 self.failures = 0;
                 self.lease = Some(*lease);
                 // The others compare the time written (taken at `started`) with their clocks.
@@ -164,6 +179,36 @@ impl HeartbeatPlanner {
             }
             Ok(HeartbeatOutcome::DeclaredDead { .. }) => SiloHealth::DeclaredDead,
             Ok(HeartbeatOutcome::NotFound) => SiloHealth::EntryMissing,
+            Err(e) => {
+                self.failures = self.failures.saturating_add(1);
+                self.last_error = e.to_string();
+                self.health(now, false)
+            }
+        }
+    }
+
+    /// True when a publish succeeded after the fence horizon: the host stays fenced until the
+    /// own row has been read ([`HeartbeatPlanner::on_own_row`]).
+    pub fn awaiting_own_row(&self) -> bool {
+        self.awaiting_own_row
+    }
+
+    /// Takes the status of the own row read after a successful publish (`None`: no row) and
+    /// returns the new health: final when the row is Dead or gone, the fence lifted when it is
+    /// live, still fenced (and one more failure) when the read failed.
+    pub fn on_own_row(
+        &mut self,
+        now: Duration,
+        read: &Result<Option<SiloStatus>, MembershipError>,
+    ) -> SiloHealth {
+        self.awaiting_own_row = false;
+        match read {
+            Ok(Some(SiloStatus::Dead)) => SiloHealth::DeclaredDead,
+            Ok(None) => SiloHealth::EntryMissing,
+            Ok(Some(_)) => {
+                self.fenced = false;
+                self.health(now, false)
+            }
             Err(e) => {
                 self.failures = self.failures.saturating_add(1);
                 self.last_error = e.to_string();
@@ -186,17 +231,46 @@ fn publish(tx: &watch::Sender<SiloHealth>, health: SiloHealth) {
 
 /// Hands what the failure detector read of this silo's own row to the heartbeat.
 #[derive(Clone, Debug)]
-pub(crate) struct OwnEntryReport(Arc<watch::Sender<SiloHealth>>);
+pub(crate) struct OwnEntryReport {
+    health: Arc<watch::Sender<SiloHealth>>,
+    unknown: Arc<watch::Sender<bool>>,
+}
 
 impl OwnEntryReport {
     /// `status` is the own row's status in the detector's snapshot, `None` when it has none.
-    /// Dead or missing ends the heartbeat (the watch turns final); anything else says nothing.
+    /// Dead or missing ends the heartbeat (the watch turns final); anything else says the own
+    /// row is known again.
     pub(crate) fn own_entry(&self, status: Option<SiloStatus>) {
         match status {
-            None => publish(&self.0, SiloHealth::EntryMissing),
-            Some(SiloStatus::Dead) => publish(&self.0, SiloHealth::DeclaredDead),
-            Some(_) => {}
+            None => publish(&self.health, SiloHealth::EntryMissing),
+            Some(SiloStatus::Dead) => publish(&self.health, SiloHealth::DeclaredDead),
+            Some(_) => {
+                self.unknown
+                    .send_if_modified(|u| std::mem::replace(u, false));
+            }
         }
+    }
+
+    /// The detector could not read the own row for too long: the others may have declared this
+    /// silo dead unseen, so the host must fence until a read succeeds again.
+    pub(crate) fn own_entry_unknown(&self) {
+        self.unknown
+            .send_if_modified(|u| !std::mem::replace(u, true));
+    }
+}
+
+/// What the host is shown: the planner's health, fenced while the own row is unknown.
+fn shown(planner: &HeartbeatPlanner, now: Duration, in_flight: bool, unknown: bool) -> SiloHealth {
+    match planner.health(now, in_flight) {
+        SiloHealth::Starting | SiloHealth::Healthy { .. } | SiloHealth::Failing { .. }
+            if unknown =>
+        {
+            SiloHealth::LeaseAtRisk {
+                lease: planner.lease(),
+                failures: planner.failures().saturating_add(u32::from(in_flight)),
+            }
+        }
+        health => health,
     }
 }
 
@@ -205,6 +279,7 @@ impl OwnEntryReport {
 pub struct Heartbeat {
     health: watch::Receiver<SiloHealth>,
     health_tx: Arc<watch::Sender<SiloHealth>>,
+    unknown_tx: Arc<watch::Sender<bool>>,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
@@ -220,14 +295,20 @@ impl Heartbeat {
     ) -> Heartbeat {
         let (health_tx, health) = watch::channel(SiloHealth::Starting);
         let health_tx = Arc::new(health_tx);
+        let (unknown_tx, mut unknown_rx) = watch::channel(false);
+        let unknown_tx = Arc::new(unknown_tx);
         let (stop, mut stop_rx) = watch::channel(false);
         let origin = Instant::now();
         let mut planner = HeartbeatPlanner::new(options, Duration::ZERO);
         let call_timeout = options.effective_table_operation_timeout();
         let cluster = table.cluster_id().to_owned();
         let tx = Arc::clone(&health_tx);
+        // Held by the task so `unknown_rx` never closes under it (a closed watch would wake it
+        // in a loop).
+        let keep_unknown = Arc::clone(&unknown_tx);
         let mut final_rx = health_tx.subscribe();
         let task = tokio::spawn(async move {
+            let _keep_unknown = keep_unknown;
             let mono = move || origin.elapsed();
             let mut delay = Duration::ZERO;
             // The fence horizon already announced, so it is announced once.
@@ -243,10 +324,14 @@ impl Heartbeat {
                             return;
                         }
                         _ = final_rx.wait_for(SiloHealth::is_final) => return,
+                        _ = unknown_rx.changed() => {
+                            let unknown = *unknown_rx.borrow_and_update();
+                            publish(&tx, shown(&planner, mono(), false, unknown));
+                        }
                         _ = tokio::time::sleep_until(wake) => break,
                         _ = tokio::time::sleep_until(origin + fence), if announced != Some(fence) => {
                             announced = Some(fence);
-                            let health = planner.health(mono(), false);
+                            let health = shown(&planner, mono(), false, *unknown_rx.borrow());
                             warn!(%cluster, silo = %address, ?health, "fence horizon passed without a successful heartbeat");
                             publish(&tx, health);
                         }
@@ -272,15 +357,48 @@ impl Heartbeat {
                             return;
                         }
                         _ = final_rx.wait_for(SiloHealth::is_final) => return,
+                        _ = unknown_rx.changed() => {
+                            let unknown = *unknown_rx.borrow_and_update();
+                            publish(&tx, shown(&planner, mono(), true, unknown));
+                        }
                         _ = tokio::time::sleep_until(origin + fence), if announced != Some(fence) => {
                             announced = Some(fence);
-                            let health = planner.health(mono(), true);
+                            let health = shown(&planner, mono(), true, *unknown_rx.borrow());
                             warn!(%cluster, silo = %address, ?health, "fence horizon passed during a heartbeat");
                             publish(&tx, health);
                         }
                     }
                 };
-                let health = planner.on_outcome(started, wall_started, mono(), &outcome);
+                let mut health = planner.on_outcome(started, wall_started, mono(), &outcome);
+                if planner.awaiting_own_row() {
+                    // Published again after the fence: the others may have declared this silo
+                    // dead meanwhile, which the heartbeat need not have seen. Read the row
+                    // before lifting the fence (only on this recovery path: no extra round trip
+                    // per heartbeat).
+                    let read = tokio::select! {
+                        biased;
+                        _ = stop_rx.changed() => {
+                            publish(&tx, SiloHealth::Stopped);
+                            return;
+                        }
+                        r = tokio::time::timeout(call_timeout, table.read_row(&address)) => r,
+                    };
+                    let read = match read {
+                        Ok(r) => r.map(|s| s.get(&address).map(|row| row.entry.status)),
+                        Err(_) => Err(MembershipError::Timeout {
+                            operation: "read_row",
+                            source: format!(
+                                "no answer within {call_timeout:?} (table_operation_timeout)"
+                            )
+                            .into(),
+                        }),
+                    };
+                    debug!(%cluster, silo = %address, ?read, "own row read after the fence");
+                    health = planner.on_own_row(mono(), &read);
+                }
+                if !health.is_final() {
+                    health = shown(&planner, mono(), false, *unknown_rx.borrow());
+                }
                 observe::heartbeat(&health, clock.now());
                 match &health {
                     SiloHealth::Healthy { lease } => {
@@ -316,6 +434,7 @@ impl Heartbeat {
         Heartbeat {
             health,
             health_tx,
+            unknown_tx,
             stop,
             task,
         }
@@ -323,7 +442,10 @@ impl Heartbeat {
 
     /// What the failure detector uses to report this silo's own row.
     pub(crate) fn own_entry_report(&self) -> OwnEntryReport {
-        OwnEntryReport(Arc::clone(&self.health_tx))
+        OwnEntryReport {
+            health: Arc::clone(&self.health_tx),
+            unknown: Arc::clone(&self.unknown_tx),
+        }
     }
 
     /// A receiver of health changes.
@@ -517,6 +639,10 @@ mod tests {
             secs(91),
             &refreshed(lease(91, 191, 181)),
         );
+        // Published again, but fenced until the own row has been read.
+        assert!(matches!(h, SiloHealth::LeaseAtRisk { failures: 0, .. }));
+        assert!(p.awaiting_own_row());
+        let h = p.on_own_row(secs(91), &Ok(Some(SiloStatus::Active)));
         assert_eq!(
             h,
             SiloHealth::Healthy {
@@ -524,6 +650,30 @@ mod tests {
             }
         );
         assert_eq!(p.failures(), 0);
+    }
+
+    #[test]
+    fn after_the_fence_only_a_live_own_row_lifts_it() {
+        let o = options();
+        let mut p = HeartbeatPlanner::new(&o, Duration::ZERO);
+        p.on_outcome(secs(61), wall(61), secs(61), &err());
+        let ok = refreshed(Lease::unbounded(wall(62)));
+        p.on_outcome(secs(62), wall(62), secs(62), &ok);
+        // A failed read keeps the fence; the next publish asks again.
+        assert!(matches!(
+            p.on_own_row(secs(62), &err().map(|_| None)),
+            SiloHealth::LeaseAtRisk { failures: 1, .. }
+        ));
+        assert!(!p.awaiting_own_row());
+        p.on_outcome(secs(63), wall(63), secs(63), &ok);
+        assert!(p.awaiting_own_row());
+        assert_eq!(
+            p.on_own_row(secs(63), &Ok(Some(SiloStatus::Dead))),
+            SiloHealth::DeclaredDead
+        );
+        let mut q = HeartbeatPlanner::new(&o, Duration::ZERO);
+        q.on_outcome(secs(61), wall(61), secs(61), &ok);
+        assert_eq!(q.on_own_row(secs(61), &Ok(None)), SiloHealth::EntryMissing);
     }
 
     #[test]
@@ -587,12 +737,15 @@ mod tests {
     #[test]
     fn final_states_stick() {
         let (tx, rx) = watch::channel(SiloHealth::Starting);
-        let report = OwnEntryReport(Arc::new(tx));
+        let report = OwnEntryReport {
+            health: Arc::new(tx),
+            unknown: Arc::new(watch::channel(false).0),
+        };
         report.own_entry(Some(SiloStatus::Active));
         assert_eq!(*rx.borrow(), SiloHealth::Starting);
         report.own_entry(Some(SiloStatus::Dead));
         publish(
-            &report.0,
+            &report.health,
             SiloHealth::Healthy {
                 lease: Lease::unbounded(wall(0)),
             },

@@ -282,11 +282,27 @@ pub async fn declare_silent_silos_dead(
 /// One round of failure detection (see [`declare_silent_silos_dead`]) that also reports `me`'s
 /// own row from the same read — no extra round trip. Every table call is bounded by
 /// `table_operation_timeout`.
+///
+/// A silo whose own row is Dead or missing votes no one dead: it is no member. A suspect whose
+/// re-read or write fails is skipped (the next round retries it); only the first read failing
+/// fails the round.
 pub async fn detection_round(
     table: &dyn MembershipTable,
     me: &SiloAddress,
     options: &MembershipOptions,
     now: Timestamp,
+) -> Result<DetectionRound> {
+    detection_round_reporting(table, me, options, now, |_| {}).await
+}
+
+/// [`detection_round`], handing `me`'s own status to `own` as soon as the first read returns,
+/// before any vote.
+pub(crate) async fn detection_round_reporting(
+    table: &dyn MembershipTable,
+    me: &SiloAddress,
+    options: &MembershipOptions,
+    now: Timestamp,
+    own: impl FnOnce(Option<SiloStatus>),
 ) -> Result<DetectionRound> {
     let t = options.effective_table_operation_timeout();
     let silence = options
@@ -295,6 +311,13 @@ pub async fn detection_round(
     let mut declared = Vec::new();
     let snapshot = bounded("read_all", false, t, table.read_all()).await?;
     let own_status = snapshot.get(me).map(|r| r.entry.status);
+    own(own_status);
+    if matches!(own_status, None | Some(SiloStatus::Dead)) {
+        return Ok(DetectionRound {
+            declared,
+            own_status,
+        });
+    }
     for row in &snapshot.rows {
         let e = &row.entry;
         if &e.address == me
@@ -324,7 +347,14 @@ pub async fn detection_round(
             entry.status = SiloStatus::Dead;
         }
         // One attempt per round: on a conflict the next round re-reads and votes again.
-        let current = bounded("read_all", false, t, table.read_all()).await?;
+        let current = match bounded("read_all", false, t, table.read_all()).await {
+            Ok(current) => current,
+            // One suspect must not cost the round what it already learned, nor the others' votes.
+            Err(err) => {
+                warn!(cluster = table.cluster_id(), silo = %e.address, error = %err, "re-read before a suspicion failed");
+                continue;
+            }
+        };
         let Some(now_row) = current.get(&e.address) else {
             continue;
         };

@@ -133,19 +133,33 @@ impl Silo {
             let report = heartbeat.own_entry_report();
             tokio::spawn(async move {
                 let period = options.i_am_alive_table_publish_timeout;
+                let mut failed_rounds = 0u32;
                 loop {
                     tokio::select! {
                         _ = tokio::time::sleep(period) => {}
                         _ = health.wait_for(SiloHealth::is_final) => return,
                     }
-                    match protocol::detection_round(table.as_ref(), &address, &options, clock.now())
-                        .await
-                    {
-                        // The same read tells this silo whether it was declared dead or lost
-                        // its entry: within one period on every backend, no extra round trip.
-                        Ok(round) => report.own_entry(round.own_status),
+                    // The round's first read tells this silo whether it was declared dead or
+                    // lost its entry — within one period on every backend, no extra round trip
+                    // — and is reported before any vote.
+                    let round = protocol::detection_round_reporting(
+                        table.as_ref(),
+                        &address,
+                        &options,
+                        clock.now(),
+                        |own| report.own_entry(own),
+                    )
+                    .await;
+                    match round {
+                        Ok(_) => failed_rounds = 0,
                         Err(e) => {
-                            warn!(silo = %address, error = %e, "failure detection round failed")
+                            failed_rounds = failed_rounds.saturating_add(1);
+                            warn!(silo = %address, error = %e, failed_rounds, "failure detection round failed");
+                            // As long as the others may take to declare a silent silo dead:
+                            // past it, this silo cannot know it is still a member.
+                            if failed_rounds >= options.num_missed_table_i_am_alive_limit {
+                                report.own_entry_unknown();
+                            }
                         }
                     }
                 }
