@@ -50,6 +50,10 @@ struct Flaky {
     failing_reads: AtomicU64,
     /// `read_all` calls so far.
     reads: AtomicU64,
+    /// This many `update_row` calls never answer.
+    hang_updates: AtomicU64,
+    /// The next insert that applies has its row declared Dead right after.
+    kill_after_insert: AtomicBool,
     /// The `read_all` call with this number (1-based; 0: none) fails with `Timeout`.
     fail_read_number: AtomicU64,
 }
@@ -65,6 +69,8 @@ impl Flaky {
             hang_inserts: AtomicBool::new(false),
             failing_reads: AtomicU64::new(0),
             reads: AtomicU64::new(0),
+            hang_updates: AtomicU64::new(0),
+            kill_after_insert: AtomicBool::new(false),
             fail_read_number: AtomicU64::new(0),
         })
     }
@@ -107,9 +113,19 @@ impl MembershipTable for Flaky {
         if self.hang_inserts.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
-        self.inner.insert_row(e, v).await
+        let applied = self.inner.insert_row(e, v).await?;
+        if applied && self.kill_after_insert.swap(false, Ordering::SeqCst) {
+            protocol::set_status(&self.inner, &e.address, SiloStatus::Dead, e.i_am_alive_time)
+                .await?;
+        }
+        Ok(applied)
     }
     async fn update_row(&self, e: &MembershipEntry, t: &ETag, v: &TableVersion) -> Result<bool> {
+        let left = self.hang_updates.load(Ordering::SeqCst);
+        if left > 0 {
+            self.hang_updates.store(left - 1, Ordering::SeqCst);
+            std::future::pending::<()>().await;
+        }
         self.inner.update_row(e, t, v).await
     }
     async fn update_i_am_alive(&self, a: &SiloAddress, t: Timestamp) -> Result<HeartbeatOutcome> {
@@ -768,4 +784,104 @@ async fn a_detection_round_reports_its_own_row_even_when_a_suspect_re_read_fails
         after.entry.suspect_times, before.entry.suspect_times,
         "a Dead silo voted"
     );
+}
+
+// Review 3: after a backward wall-clock step the backend keeps the larger stored I-am-alive time,
+// so heartbeats that "succeed" publish nothing new: the others see a silent silo. The fence must
+// come from what was stored, not from when the writes succeeded.
+#[tokio::test(start_paused = true)]
+async fn after_a_backward_wall_clock_step_the_fence_follows_the_stored_i_am_alive_time() {
+    let clock = Arc::new(cassandra_membership::ManualClock::new(Timestamp::now()));
+    let table = Flaky::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let silo = cassandra_membership::Silo::join_with_clock(
+        table.clone(),
+        entry_at(1, clock.as_ref()),
+        options(),
+        clock.clone(),
+    )
+    .await
+    .unwrap();
+    let health = silo.health();
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        clock.advance(Duration::from_millis(100));
+    }
+    assert!(matches!(*health.borrow(), SiloHealth::Healthy { .. }));
+    let stored = table.inner.read_row(&silo.address()).await.unwrap().rows[0]
+        .entry
+        .i_am_alive_time;
+    clock.set(clock.now().saturating_sub(Duration::from_secs(3600)));
+    let step = tokio::time::Instant::now();
+    let mut fenced = None;
+    for _ in 0..400 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        clock.advance(Duration::from_millis(100));
+        if matches!(*health.borrow(), SiloHealth::LeaseAtRisk { .. }) {
+            fenced = Some(step.elapsed());
+            break;
+        }
+    }
+    let now_stored = table.inner.read_row(&silo.address()).await.unwrap().rows[0]
+        .entry
+        .i_am_alive_time;
+    assert_eq!(
+        now_stored, stored,
+        "the stored I-am-alive time did not move"
+    );
+    // The others may vote 30 s after the stored time (3 × 10 s): fence before that.
+    let fenced = fenced.unwrap_or_else(|| {
+        panic!(
+            "still {:?} 40 s after the step; the others see it silent",
+            *health.borrow()
+        )
+    });
+    assert!(
+        fenced < Duration::from_secs(30),
+        "fenced {fenced:?} after the step"
+    );
+    silo.crash();
+}
+
+// Review 4: the fence horizon counts from the I-am-alive time the join stored, not from when the
+// heartbeat task started (the Active step may have retried for a long time in between).
+#[tokio::test(start_paused = true)]
+async fn the_fence_counts_from_the_i_am_alive_time_the_join_stored() {
+    let clock = Arc::new(TokioClock::new());
+    let table = Flaky::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    table.failing.store(true, Ordering::SeqCst);
+    // The Active step's first three writes hang (10 s each, the call timeout).
+    table.hang_updates.store(3, Ordering::SeqCst);
+    let start = tokio::time::Instant::now();
+    let silo = join(table.clone(), 1, &clock).await;
+    let joined = start.elapsed();
+    assert!(joined >= Duration::from_secs(30), "joined after {joined:?}");
+    let health = silo.health();
+    // Stored at about 0 s: the others may vote from 30 s on; the fence is 20 s after the store.
+    let fenced = poll_until(Duration::from_secs(30), || {
+        matches!(*health.borrow(), SiloHealth::LeaseAtRisk { .. })
+    })
+    .await;
+    let at = start.elapsed();
+    assert!(fenced, "{:?}", *health.borrow());
+    assert!(
+        at <= joined + Duration::from_secs(1),
+        "fenced {at:?} after the store (joined at {joined:?})"
+    );
+    silo.crash();
+}
+
+// Review 4: an Active step that finds the row Dead (or gone) fails the join.
+#[tokio::test(start_paused = true)]
+async fn a_join_whose_row_was_declared_dead_before_it_turned_active_fails() {
+    let clock = Arc::new(TokioClock::new());
+    let table = Flaky::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    table.kill_after_insert.store(true, Ordering::SeqCst);
+    let joined = cassandra_membership::Silo::join_with_clock(
+        table.clone(),
+        entry(1),
+        options(),
+        clock.clone(),
+    )
+    .await;
+    assert!(joined.is_err(), "joined as a Dead entry: {joined:?}");
 }

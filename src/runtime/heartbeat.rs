@@ -42,6 +42,10 @@ pub struct HeartbeatPlanner {
     failures: u32,
     last_error: String,
     published_at: Duration,
+    /// The largest I-am-alive time written so far. Backends keep the largest stored time, so
+    /// after a backward wall-clock step a write that "succeeds" publishes nothing new: the
+    /// detection horizon advances only as far as the written time moves past this one.
+    published_wall: Option<Timestamp>,
     lease_due: Option<Duration>,
     /// The fence horizon passed (the host was, or must be, told to fence). Only a read of the
     /// own row after a successful publish clears it: meanwhile the others may have declared this
@@ -65,10 +69,18 @@ impl HeartbeatPlanner {
             failures: 0,
             last_error: String::new(),
             published_at: joined_at,
+            published_wall: None,
             lease_due: None,
             fenced: false,
             awaiting_own_row: false,
         }
+    }
+
+    /// The same planner, knowing that the publish at `joined_at` stored the I-am-alive time
+    /// `wall` (so later writes of an earlier time, after a backward clock step, move nothing).
+    pub fn with_published_wall(mut self, wall: Timestamp) -> Self {
+        self.published_wall = Some(wall);
+        self
     }
 
     /// How long after a silo's last published I-am-alive time the others may start voting it
@@ -170,8 +182,21 @@ impl HeartbeatPlanner {
                 self.awaiting_own_row = self.fenced;
                 self.failures = 0;
                 self.lease = Some(*lease);
-                // The others compare the time written (taken at `started`) with their clocks.
-                self.published_at = self.published_at.max(started);
+                // The others compare the stored time (the largest written) with their clocks.
+                match self.published_wall {
+                    // Not past what is stored: nothing new published.
+                    Some(last) if wall_started <= last => {}
+                    Some(last) => {
+                        let moved = wall_started.duration_since(last);
+                        let at = started.min(self.published_at.saturating_add(moved));
+                        self.published_at = self.published_at.max(at);
+                        self.published_wall = Some(wall_started);
+                    }
+                    None => {
+                        self.published_at = self.published_at.max(started);
+                        self.published_wall = Some(wall_started);
+                    }
+                }
                 self.lease_due = lease
                     .refresh_by
                     .map(|r| started.saturating_add(r.duration_since(wall_started)));
@@ -286,20 +311,37 @@ pub struct Heartbeat {
 
 impl Heartbeat {
     /// Starts heartbeating `address` on `table`. The first heartbeat is immediate. The fence
-    /// horizon counts from now: the caller has just published the I-am-alive time (joined).
+    /// horizon counts from now: the caller has just published the I-am-alive time `clock.now()`
+    /// (joined).
     pub fn spawn(
         table: Arc<dyn MembershipTable>,
         address: SiloAddress,
         options: &MembershipOptions,
         clock: Arc<dyn Clock>,
     ) -> Heartbeat {
+        let wall = clock.now();
+        Self::spawn_after_publish(table, address, options, clock, Instant::now(), wall)
+    }
+
+    /// [`Heartbeat::spawn`] for a join that published the I-am-alive time `published_wall`,
+    /// read at `published_at`: the fence horizon counts from then, however long the join took
+    /// afterwards.
+    pub(crate) fn spawn_after_publish(
+        table: Arc<dyn MembershipTable>,
+        address: SiloAddress,
+        options: &MembershipOptions,
+        clock: Arc<dyn Clock>,
+        published_at: Instant,
+        published_wall: Timestamp,
+    ) -> Heartbeat {
         let (health_tx, health) = watch::channel(SiloHealth::Starting);
         let health_tx = Arc::new(health_tx);
         let (unknown_tx, mut unknown_rx) = watch::channel(false);
         let unknown_tx = Arc::new(unknown_tx);
         let (stop, mut stop_rx) = watch::channel(false);
-        let origin = Instant::now();
-        let mut planner = HeartbeatPlanner::new(options, Duration::ZERO);
+        let origin = published_at;
+        let mut planner =
+            HeartbeatPlanner::new(options, Duration::ZERO).with_published_wall(published_wall);
         let call_timeout = options.effective_table_operation_timeout();
         let cluster = table.cluster_id().to_owned();
         let tx = Arc::clone(&health_tx);
@@ -599,6 +641,24 @@ mod tests {
             p.health(secs(20), false),
             SiloHealth::LeaseAtRisk { .. }
         ));
+    }
+
+    #[test]
+    fn the_detection_horizon_moves_only_as_far_as_the_stored_time() {
+        let o = options();
+        let mut p = HeartbeatPlanner::new(&o, Duration::ZERO).with_published_wall(wall(100));
+        assert_eq!(p.fence_at(), secs(60));
+        let ok = refreshed(Lease::unbounded(wall(0)));
+        // The wall clock stepped back an hour: nothing newer than wall 100 is stored.
+        p.on_outcome(secs(30), wall(100 - 3600 + 30), secs(30), &ok);
+        assert_eq!(p.fence_at(), secs(60));
+        // A forward step counts no further than the monotonic time that passed.
+        p.on_outcome(secs(40), wall(100 + 3600), secs(40), &ok);
+        assert_eq!(p.fence_at(), secs(100));
+        // Written 5 s past the stored time, 20 s of monotonic time later: 5 s more.
+        let mut q = HeartbeatPlanner::new(&o, Duration::ZERO).with_published_wall(wall(100));
+        q.on_outcome(secs(20), wall(105), secs(20), &ok);
+        assert_eq!(q.fence_at(), secs(65));
     }
 
     #[test]

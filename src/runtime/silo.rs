@@ -5,17 +5,26 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::warn;
 
 use crate::clock::{Clock, SystemClock};
-use crate::error::Result;
-use crate::model::{MembershipEntry, SiloAddress, SiloStatus};
+use crate::error::{MembershipError, Result};
+use crate::model::{MembershipEntry, SiloAddress, SiloStatus, Timestamp};
 use crate::options::MembershipOptions;
 use crate::runtime::cleanup::DefunctCleanup;
 use crate::runtime::health::SiloHealth;
 use crate::runtime::heartbeat::Heartbeat;
 use crate::runtime::protocol::{self, ProtocolLimits, bounded};
 use crate::table::MembershipTable;
+
+/// What a successful join published.
+struct Joined {
+    address: SiloAddress,
+    /// When the I-am-alive time the join stored last was read (monotonic).
+    published_at: Instant,
+    published_wall: Timestamp,
+}
 
 /// One silo's membership in a cluster.
 ///
@@ -69,7 +78,7 @@ impl Silo {
         let cleanup = DefunctCleanup::spawn(Arc::clone(&table), &options, Arc::clone(&clock))?.ok();
         let limits = ProtocolLimits::from_options(&options);
         match Self::enter(table.as_ref(), entry, &clock, &limits).await {
-            Ok(address) => Ok(Self::start(table, address, options, clock, cleanup, limits)),
+            Ok(joined) => Ok(Self::start(table, joined, options, clock, cleanup, limits)),
             Err(e) => {
                 if let Some(c) = cleanup {
                     c.stop().await;
@@ -84,7 +93,7 @@ impl Silo {
         mut entry: MembershipEntry,
         clock: &Arc<dyn Clock>,
         limits: &ProtocolLimits,
-    ) -> Result<SiloAddress> {
+    ) -> Result<Joined> {
         bounded(
             "initialize",
             true,
@@ -95,14 +104,24 @@ impl Silo {
         entry.status = SiloStatus::Joining;
         entry.i_am_alive_time = clock.now();
         protocol::join_within(table, &entry, limits).await?;
+        // The Active write stores this I-am-alive time (or a later one already stored): the
+        // others' detection horizon counts from it, however long the step then retries.
+        let (published_at, published_wall) = (Instant::now(), clock.now());
         let active = protocol::set_status_within(
             table,
             &entry.address,
             SiloStatus::Active,
-            clock.now(),
+            published_wall,
             limits,
         )
-        .await;
+        .await
+        .and_then(|active| {
+            // The row is Dead or gone: someone declared this incarnation dead meanwhile.
+            active.then_some(()).ok_or(MembershipError::NotAMember {
+                silo: entry.address.to_string(),
+                state: "dead or missing",
+            })
+        });
         if let Err(e) = active {
             // Nobody will heartbeat this entry: say so rather than leave it Joining (best effort).
             let _ = protocol::set_status_within(
@@ -115,18 +134,30 @@ impl Silo {
             .await;
             return Err(e);
         }
-        Ok(entry.address)
+        Ok(Joined {
+            address: entry.address,
+            published_at,
+            published_wall,
+        })
     }
 
     fn start(
         table: Arc<dyn MembershipTable>,
-        address: SiloAddress,
+        joined: Joined,
         options: MembershipOptions,
         clock: Arc<dyn Clock>,
         cleanup: Option<DefunctCleanup>,
         limits: ProtocolLimits,
     ) -> Silo {
-        let heartbeat = Heartbeat::spawn(Arc::clone(&table), address, &options, Arc::clone(&clock));
+        let address = joined.address;
+        let heartbeat = Heartbeat::spawn_after_publish(
+            Arc::clone(&table),
+            address,
+            &options,
+            Arc::clone(&clock),
+            joined.published_at,
+            joined.published_wall,
+        );
         let detector = {
             let (table, clock, options) = (Arc::clone(&table), Arc::clone(&clock), options.clone());
             let mut health = heartbeat.health();
