@@ -54,6 +54,8 @@ struct Flaky {
     hang_updates: AtomicU64,
     /// The next insert that applies has its row declared Dead right after.
     kill_after_insert: AtomicBool,
+    /// `initialize` takes this many seconds.
+    slow_initialize: AtomicU64,
     /// The `read_all` call with this number (1-based; 0: none) fails with `Timeout`.
     fail_read_number: AtomicU64,
 }
@@ -71,6 +73,7 @@ impl Flaky {
             reads: AtomicU64::new(0),
             hang_updates: AtomicU64::new(0),
             kill_after_insert: AtomicBool::new(false),
+            slow_initialize: AtomicU64::new(0),
             fail_read_number: AtomicU64::new(0),
         })
     }
@@ -85,6 +88,8 @@ impl MembershipTable for Flaky {
         self.inner.storage_expiry()
     }
     async fn initialize(&self, v: bool) -> Result<()> {
+        let slow = self.slow_initialize.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(slow)).await;
         self.inner.initialize(v).await
     }
     async fn read_all(&self) -> Result<MembershipSnapshot> {
@@ -884,4 +889,39 @@ async fn a_join_whose_row_was_declared_dead_before_it_turned_active_fails() {
     )
     .await;
     assert!(joined.is_err(), "joined as a Dead entry: {joined:?}");
+}
+
+// Review 5: one deadline for the whole join — a slow initialize, an Active step that never gets
+// through and the Dead marking after it must not add up to several `max_join_attempt_time`s.
+#[tokio::test(start_paused = true)]
+async fn a_join_returns_within_max_join_attempt_time_however_its_steps_fail() {
+    let clock = Arc::new(TokioClock::new());
+    let table = Flaky::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    table.slow_initialize.store(240, Ordering::SeqCst);
+    table.hang_updates.store(u64::MAX, Ordering::SeqCst);
+    let o = options();
+    let limit = o.max_join_attempt_time;
+    let start = tokio::time::Instant::now();
+    let joined =
+        cassandra_membership::Silo::join_with_clock(table.clone(), entry(1), o, clock.clone())
+            .await;
+    let took = start.elapsed();
+    assert!(joined.is_err(), "{joined:?}");
+    assert!(
+        took <= limit,
+        "join returned after {took:?} (max_join_attempt_time {limit:?})"
+    );
+}
+
+// Review 8: an unbounded join deadline does not overflow.
+#[tokio::test(start_paused = true)]
+async fn a_join_with_an_unbounded_attempt_time_joins() {
+    let clock = Arc::new(TokioClock::new());
+    let table = Arc::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let mut o = options();
+    o.max_join_attempt_time = Duration::MAX;
+    let silo = cassandra_membership::Silo::join_with_clock(table, entry(1), o, clock.clone())
+        .await
+        .unwrap();
+    silo.leave().await.unwrap();
 }

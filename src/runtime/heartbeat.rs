@@ -243,6 +243,14 @@ impl HeartbeatPlanner {
     }
 }
 
+/// `origin + offset`, or about thirty years on when that overflows.
+fn at(origin: Instant, offset: Duration) -> Instant {
+    origin
+        .checked_add(offset)
+        .or_else(|| origin.checked_add(Duration::from_secs(30 * 365 * 86_400)))
+        .unwrap_or(origin)
+}
+
 /// Sends `health` unless the current state is final (final states stick) or unchanged.
 fn publish(tx: &watch::Sender<SiloHealth>, health: SiloHealth) {
     tx.send_if_modified(|current| {
@@ -356,7 +364,7 @@ impl Heartbeat {
             // The fence horizon already announced, so it is announced once.
             let mut announced: Option<Duration> = None;
             loop {
-                let wake = Instant::now() + delay;
+                let wake = crate::runtime::protocol::deadline_after(delay);
                 loop {
                     let fence = planner.fence_at();
                     tokio::select! {
@@ -371,7 +379,7 @@ impl Heartbeat {
                             publish(&tx, shown(&planner, mono(), false, unknown));
                         }
                         _ = tokio::time::sleep_until(wake) => break,
-                        _ = tokio::time::sleep_until(origin + fence), if announced != Some(fence) => {
+                        _ = tokio::time::sleep_until(at(origin, fence)), if announced != Some(fence) => {
                             announced = Some(fence);
                             let health = shown(&planner, mono(), false, *unknown_rx.borrow());
                             warn!(%cluster, silo = %address, ?health, "fence horizon passed without a successful heartbeat");
@@ -403,7 +411,7 @@ impl Heartbeat {
                             let unknown = *unknown_rx.borrow_and_update();
                             publish(&tx, shown(&planner, mono(), true, unknown));
                         }
-                        _ = tokio::time::sleep_until(origin + fence), if announced != Some(fence) => {
+                        _ = tokio::time::sleep_until(at(origin, fence)), if announced != Some(fence) => {
                             announced = Some(fence);
                             let health = shown(&planner, mono(), true, *unknown_rx.borrow());
                             warn!(%cluster, silo = %address, ?health, "fence horizon passed during a heartbeat");

@@ -66,7 +66,11 @@ impl Silo {
     /// it) before anything is written; then initializes the table, inserts `entry` as Joining,
     /// moves it to Active, and starts the heartbeat and the failure detector (every publish
     /// period; it also watches this silo's own row). Conflicts, reads that give up and calls
-    /// that time out are retried with jittered backoff until `max_join_attempt_time`.
+    /// that time out are retried with jittered backoff; the whole join, calls in flight
+    /// included, ends by `max_join_attempt_time`. A join that fails after its insert may have
+    /// applied marks the entry Dead in the background (best effort). Cancelling the returned
+    /// future (dropping it) skips that: an entry it inserted stays Joining until defunct
+    /// cleanup or storage expiry removes it.
     pub async fn join_with_clock(
         table: Arc<dyn MembershipTable>,
         entry: MembershipEntry,
@@ -77,7 +81,7 @@ impl Silo {
         // Not started when disabled or when storage expiry covers it (see CleanupNotStarted).
         let cleanup = DefunctCleanup::spawn(Arc::clone(&table), &options, Arc::clone(&clock))?.ok();
         let limits = ProtocolLimits::from_options(&options);
-        match Self::enter(table.as_ref(), entry, &clock, &limits).await {
+        match Self::enter(&table, entry, &clock, &limits).await {
             Ok(joined) => Ok(Self::start(table, joined, options, clock, cleanup, limits)),
             Err(e) => {
                 if let Some(c) = cleanup {
@@ -89,30 +93,35 @@ impl Silo {
     }
 
     async fn enter(
-        table: &dyn MembershipTable,
+        table: &Arc<dyn MembershipTable>,
         mut entry: MembershipEntry,
         clock: &Arc<dyn Clock>,
         limits: &ProtocolLimits,
     ) -> Result<Joined> {
-        bounded(
-            "initialize",
-            true,
-            limits.step_deadline,
-            table.initialize(true),
-        )
-        .await?;
+        // One deadline for every step: initialize, insert, Active.
+        let deadline = protocol::deadline_after(limits.step_deadline);
+        let t = limits.call_timeout;
+        Self::initialize(table.as_ref(), t, deadline).await?;
         entry.status = SiloStatus::Joining;
         entry.i_am_alive_time = clock.now();
-        protocol::join_within(table, &entry, limits).await?;
+        if let Err(e) = protocol::join_until(table.as_ref(), &entry, t, deadline).await {
+            // An insert whose outcome is unknown may have applied (best effort, as below).
+            if e.is_transient() {
+                Self::mark_dead_in_background(table, &entry, clock, limits);
+            }
+            return Err(e);
+        }
         // The Active write stores this I-am-alive time (or a later one already stored): the
         // others' detection horizon counts from it, however long the step then retries.
         let (published_at, published_wall) = (Instant::now(), clock.now());
-        let active = protocol::set_status_within(
-            table,
+        let active = protocol::set_status_until(
+            table.as_ref(),
             &entry.address,
+            Some(entry.start_time),
             SiloStatus::Active,
             published_wall,
-            limits,
+            t,
+            deadline,
         )
         .await
         .and_then(|active| {
@@ -123,15 +132,7 @@ impl Silo {
             })
         });
         if let Err(e) = active {
-            // Nobody will heartbeat this entry: say so rather than leave it Joining (best effort).
-            let _ = protocol::set_status_within(
-                table,
-                &entry.address,
-                SiloStatus::Dead,
-                clock.now(),
-                limits,
-            )
-            .await;
+            Self::mark_dead_in_background(table, &entry, clock, limits);
             return Err(e);
         }
         Ok(Joined {
@@ -139,6 +140,59 @@ impl Silo {
             published_at,
             published_wall,
         })
+    }
+
+    /// `initialize`, retried like the other steps until `deadline`.
+    async fn initialize(
+        table: &dyn MembershipTable,
+        call_timeout: Duration,
+        deadline: Instant,
+    ) -> Result<()> {
+        let mut round = 0u32;
+        loop {
+            let limit = call_timeout.min(deadline.saturating_duration_since(Instant::now()));
+            match bounded("initialize", true, limit, table.initialize(true)).await {
+                Err(e) if protocol::retriable(&e) && Instant::now() < deadline => {
+                    warn!(cluster = table.cluster_id(), error = %e, "initialize failed; retrying");
+                }
+                r => return r,
+            }
+            round = round.saturating_add(1);
+            protocol::pause(round, deadline).await;
+        }
+    }
+
+    /// Nobody will heartbeat an entry whose join failed: say so rather than leave it Joining
+    /// (best effort, only this incarnation's row). In the background, so the join returns by
+    /// its deadline; bounded by `max_join_attempt_time` of its own.
+    fn mark_dead_in_background(
+        table: &Arc<dyn MembershipTable>,
+        entry: &MembershipEntry,
+        clock: &Arc<dyn Clock>,
+        limits: &ProtocolLimits,
+    ) {
+        let (table, address, start, now, limits) = (
+            Arc::clone(table),
+            entry.address,
+            entry.start_time,
+            clock.now(),
+            *limits,
+        );
+        tokio::spawn(async move {
+            let marked = protocol::set_status_until(
+                table.as_ref(),
+                &address,
+                Some(start),
+                SiloStatus::Dead,
+                now,
+                limits.call_timeout,
+                protocol::deadline_after(limits.step_deadline),
+            )
+            .await;
+            if let Err(e) = marked {
+                warn!(cluster = table.cluster_id(), silo = %address, error = %e, "could not mark a failed join's entry Dead; defunct cleanup or expiry removes it");
+            }
+        });
     }
 
     fn start(
