@@ -56,6 +56,9 @@ struct Flaky {
     kill_after_insert: AtomicBool,
     /// `initialize` takes this many seconds.
     slow_initialize: AtomicU64,
+    /// `cleanup_defunct` calls so far; with `hang_cleanup` they never answer.
+    cleanups: AtomicU64,
+    hang_cleanup: AtomicBool,
     /// The `read_all` call with this number (1-based; 0: none) fails with `Timeout`.
     fail_read_number: AtomicU64,
 }
@@ -74,6 +77,8 @@ impl Flaky {
             hang_updates: AtomicU64::new(0),
             kill_after_insert: AtomicBool::new(false),
             slow_initialize: AtomicU64::new(0),
+            cleanups: AtomicU64::new(0),
+            hang_cleanup: AtomicBool::new(false),
             fail_read_number: AtomicU64::new(0),
         })
     }
@@ -160,6 +165,10 @@ impl MembershipTable for Flaky {
         outcome
     }
     async fn cleanup_defunct(&self, b: Timestamp) -> Result<usize> {
+        self.cleanups.fetch_add(1, Ordering::SeqCst);
+        if self.hang_cleanup.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
         self.inner.cleanup_defunct(b).await
     }
     async fn delete_cluster(&self, c: &str) -> Result<()> {
@@ -924,4 +933,35 @@ async fn a_join_with_an_unbounded_attempt_time_joins() {
         .await
         .unwrap();
     silo.leave().await.unwrap();
+}
+
+// Review 6: a hung defunct cleanup is bounded (the next period runs again) and does not block
+// `leave` before its ShuttingDown and Dead writes.
+#[tokio::test(start_paused = true)]
+async fn a_hung_defunct_cleanup_is_bounded_and_does_not_block_leave() {
+    let clock = Arc::new(TokioClock::new());
+    let table = Flaky::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    table.hang_cleanup.store(true, Ordering::SeqCst);
+    let mut o = options();
+    o.defunct_silo_cleanup_period = Some(Duration::from_secs(60));
+    o.defunct_silo_cleanup_jitter = Duration::ZERO;
+    let silo =
+        cassandra_membership::Silo::join_with_clock(table.clone(), entry(1), o, clock.clone())
+            .await
+            .unwrap();
+    assert!(silo.runs_defunct_cleanup());
+    tokio::time::sleep(Duration::from_secs(200)).await;
+    let runs = table.cleanups.load(Ordering::SeqCst);
+    assert!(runs >= 2, "{runs} cleanup runs in 200 s at a 60 s period");
+    let address = silo.address();
+    tokio::time::timeout(Duration::from_secs(60), silo.leave())
+        .await
+        .expect("leave blocked by a hung cleanup")
+        .unwrap();
+    assert_eq!(
+        table.inner.read_row(&address).await.unwrap().rows[0]
+            .entry
+            .status,
+        SiloStatus::Dead
+    );
 }
