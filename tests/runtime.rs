@@ -56,6 +56,8 @@ struct Flaky {
     kill_after_insert: AtomicBool,
     /// `initialize` takes this many seconds.
     slow_initialize: AtomicU64,
+    /// Each heartbeat takes this many milliseconds.
+    slow_heartbeat_ms: AtomicU64,
     /// `cleanup_defunct` calls so far; with `hang_cleanup` they never answer.
     cleanups: AtomicU64,
     hang_cleanup: AtomicBool,
@@ -77,6 +79,7 @@ impl Flaky {
             hang_updates: AtomicU64::new(0),
             kill_after_insert: AtomicBool::new(false),
             slow_initialize: AtomicU64::new(0),
+            slow_heartbeat_ms: AtomicU64::new(0),
             cleanups: AtomicU64::new(0),
             hang_cleanup: AtomicBool::new(false),
             fail_read_number: AtomicU64::new(0),
@@ -140,6 +143,8 @@ impl MembershipTable for Flaky {
     }
     async fn update_i_am_alive(&self, a: &SiloAddress, t: Timestamp) -> Result<HeartbeatOutcome> {
         self.heartbeats.fetch_add(1, Ordering::SeqCst);
+        let slow = self.slow_heartbeat_ms.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(slow)).await;
         if self.failing.load(Ordering::SeqCst) {
             return Err(MembershipError::Timeout {
                 operation: "update_i_am_alive",
@@ -964,4 +969,57 @@ async fn a_hung_defunct_cleanup_is_bounded_and_does_not_block_leave() {
             .status,
         SiloStatus::Dead
     );
+}
+
+// Review 7: a healthy silo is never told to fence, even with the longest heartbeat delay
+// (period + jitter) and slow (but successful) calls; settings that leave no margin are refused.
+#[tokio::test(start_paused = true)]
+async fn a_healthy_silo_with_slow_calls_and_wide_jitter_is_never_fenced() {
+    let clock = Arc::new(TokioClock::new());
+    let table = Flaky::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    table.slow_heartbeat_ms.store(900, Ordering::SeqCst);
+    let mut o = options();
+    o.num_missed_table_i_am_alive_limit = 2;
+    o.i_am_alive_jitter_percent = 50;
+    o.table_operation_timeout = Some(Duration::from_secs(1));
+    let silo =
+        cassandra_membership::Silo::join_with_clock(table.clone(), entry(1), o, clock.clone())
+            .await
+            .unwrap();
+    let seen = record(&silo);
+    tokio::time::sleep(Duration::from_secs(1200)).await;
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        !seen.iter().any(|h| matches!(
+            h,
+            SiloHealth::LeaseAtRisk { .. } | SiloHealth::Failing { .. }
+        )),
+        "a healthy silo was told to fence: {:?}",
+        seen.iter()
+            .filter(|h| !matches!(h, SiloHealth::Healthy { .. }))
+            .collect::<Vec<_>>()
+    );
+    silo.leave().await.unwrap();
+}
+
+#[test]
+fn settings_that_leave_no_fencing_margin_are_refused_naming_the_options() {
+    let mut o = options();
+    o.num_missed_table_i_am_alive_limit = 1;
+    match o.validate() {
+        Err(MembershipError::InvalidConfiguration { option, reason }) => {
+            assert_eq!(option, "num_missed_table_i_am_alive_limit");
+            for named in ["i_am_alive_jitter_percent", "table_operation_timeout"] {
+                assert!(reason.contains(named), "{reason}");
+            }
+        }
+        other => panic!("{other:?}"),
+    }
+    // Two missed periods and the default call timeout (one period): no room.
+    o.num_missed_table_i_am_alive_limit = 2;
+    assert!(o.validate().is_err());
+    // With short calls there is.
+    o.table_operation_timeout = Some(Duration::from_secs(1));
+    o.validate().unwrap();
+    assert!(MembershipOptions::default().validate().is_ok());
 }

@@ -54,6 +54,8 @@ pub struct HeartbeatPlanner {
     fenced: bool,
     /// A publish succeeded while fenced: the own row must be read before the fence is lifted.
     awaiting_own_row: bool,
+    /// When the last successful publish started (or the join's).
+    last_started: Duration,
 }
 
 impl HeartbeatPlanner {
@@ -73,6 +75,7 @@ impl HeartbeatPlanner {
             lease_due: None,
             fenced: false,
             awaiting_own_row: false,
+            last_started: joined_at,
         }
     }
 
@@ -93,12 +96,13 @@ impl HeartbeatPlanner {
     }
 
     /// How much earlier than the detection horizon the host is told to fence: one publish
-    /// period, but at most half of what the horizon leaves after one period, so a healthy
-    /// heartbeat always comes before the fence (30 s with the defaults: fence 60 s after the
-    /// last successful publish). Zero when `num_missed_table_i_am_alive_limit` is 1.
+    /// period, but never so much that the fence comes before the longest healthy heartbeat gap
+    /// ([`MembershipOptions::longest_heartbeat_gap`]: 33 s + 30 s with the defaults), so a
+    /// healthy silo is never fenced. 27 s with the defaults: fence 63 s after the start of the
+    /// last successful publish. Options that leave no margin fail validation.
     pub fn fencing_margin(options: &MembershipOptions) -> Duration {
         let period = options.i_am_alive_table_publish_timeout;
-        period.min(Self::detection_horizon(options).saturating_sub(period) / 2)
+        period.min(Self::detection_horizon(options).saturating_sub(options.longest_heartbeat_gap()))
     }
 
     /// The lease last granted.
@@ -121,7 +125,7 @@ impl HeartbeatPlanner {
 
     /// How long to wait before the next heartbeat. `unit_random` in `[0, 1)` picks the jitter.
     ///
-    /// After a success: the period ± jitter. After failures: a backoff doubling from
+    /// After a success: the period ± jitter from that publish's start. After failures: a backoff doubling from
     /// `heartbeat_retry_backoff` up to the period; just the backoff once the fence horizon has
     /// passed (every second counts then). Never past the fence horizon.
     pub fn next_delay(&self, now: Duration, unit_random: f64) -> Duration {
@@ -130,8 +134,13 @@ impl HeartbeatPlanner {
         let mut delay = if self.fenced || now >= fence_at {
             self.backoff
         } else if self.failures == 0 {
+            // Counted from the last publish's start, not its end: a slow call does not push
+            // the next one later (the fencing margin assumes this).
             let jitter = scale(self.period, f64::from(self.jitter_percent) / 100.0);
-            (self.period - jitter).saturating_add(scale(jitter, 2.0 * r))
+            let interval = (self.period - jitter).saturating_add(scale(jitter, 2.0 * r));
+            self.last_started
+                .saturating_add(interval)
+                .saturating_sub(now)
         } else {
             let exp = self.failures.saturating_sub(1).min(16);
             self.backoff.saturating_mul(1 << exp).min(self.period)
@@ -181,6 +190,7 @@ impl HeartbeatPlanner {
             Ok(HeartbeatOutcome::Refreshed { lease }) => {
                 self.awaiting_own_row = self.fenced;
                 self.failures = 0;
+                self.last_started = self.last_started.max(started);
                 self.lease = Some(*lease);
                 // The others compare the stored time (the largest written) with their clocks.
                 match self.published_wall {
@@ -555,13 +565,16 @@ mod tests {
     fn horizons_with_the_defaults() {
         let o = MembershipOptions::default();
         assert_eq!(HeartbeatPlanner::detection_horizon(&o), secs(90));
-        assert_eq!(HeartbeatPlanner::fencing_margin(&o), secs(30));
+        assert_eq!(o.longest_heartbeat_gap(), secs(63));
+        assert_eq!(HeartbeatPlanner::fencing_margin(&o), secs(27));
         let p = HeartbeatPlanner::new(&o, secs(5));
-        assert_eq!(p.fence_at(), secs(65), "60 s after the join's publish");
-        // Two missed periods allowed: half of what is left after one period.
+        assert_eq!(p.fence_at(), secs(68), "63 s after the join's publish");
+        // Two missed periods with calls of up to a period: no room (validation refuses it).
         let o2 = o.clone().num_missed_table_i_am_alive_limit(2);
-        assert_eq!(HeartbeatPlanner::fencing_margin(&o2), secs(15));
-        // One: no room for a margin.
+        assert_eq!(HeartbeatPlanner::fencing_margin(&o2), Duration::ZERO);
+        // With 1 s calls: 60 s - (33 s + 1 s) leaves more than a period.
+        let o2 = o2.table_operation_timeout(Some(secs(1)));
+        assert_eq!(HeartbeatPlanner::fencing_margin(&o2), secs(26));
         let o1 = o.num_missed_table_i_am_alive_limit(1);
         assert_eq!(HeartbeatPlanner::fencing_margin(&o1), Duration::ZERO);
     }
@@ -577,17 +590,17 @@ mod tests {
             &refreshed(Lease::unbounded(wall(10))),
         );
         assert!(matches!(h, SiloHealth::Healthy { .. }));
-        assert_eq!(p.fence_at(), secs(70));
+        assert_eq!(p.fence_at(), secs(73));
         assert!(matches!(
             p.on_outcome(secs(40), wall(40), secs(41), &err()),
             SiloHealth::Failing { failures: 1, .. }
         ));
         assert!(matches!(
-            p.health(secs(69), false),
+            p.health(secs(72), false),
             SiloHealth::Failing { .. }
         ));
         assert_eq!(
-            p.health(secs(70), false),
+            p.health(secs(73), false),
             SiloHealth::LeaseAtRisk {
                 lease: Some(Lease::unbounded(wall(10))),
                 failures: 1
@@ -595,11 +608,11 @@ mod tests {
         );
         // A call in flight at the horizon counts as failed.
         assert!(matches!(
-            p.health(secs(70), true),
+            p.health(secs(73), true),
             SiloHealth::LeaseAtRisk { failures: 2, .. }
         ));
         // Retries never wait past the fence.
-        assert_eq!(p.next_delay(secs(69), 0.5), secs(1));
+        assert_eq!(p.next_delay(secs(72), 0.5), secs(1));
     }
 
     #[test]
@@ -655,18 +668,18 @@ mod tests {
     fn the_detection_horizon_moves_only_as_far_as_the_stored_time() {
         let o = options();
         let mut p = HeartbeatPlanner::new(&o, Duration::ZERO).with_published_wall(wall(100));
-        assert_eq!(p.fence_at(), secs(60));
+        assert_eq!(p.fence_at(), secs(63));
         let ok = refreshed(Lease::unbounded(wall(0)));
         // The wall clock stepped back an hour: nothing newer than wall 100 is stored.
         p.on_outcome(secs(30), wall(100 - 3600 + 30), secs(30), &ok);
-        assert_eq!(p.fence_at(), secs(60));
+        assert_eq!(p.fence_at(), secs(63));
         // A forward step counts no further than the monotonic time that passed.
         p.on_outcome(secs(40), wall(100 + 3600), secs(40), &ok);
-        assert_eq!(p.fence_at(), secs(100));
+        assert_eq!(p.fence_at(), secs(103));
         // Written 5 s past the stored time, 20 s of monotonic time later: 5 s more.
         let mut q = HeartbeatPlanner::new(&o, Duration::ZERO).with_published_wall(wall(100));
         q.on_outcome(secs(20), wall(105), secs(20), &ok);
-        assert_eq!(q.fence_at(), secs(65));
+        assert_eq!(q.fence_at(), secs(68));
     }
 
     #[test]
@@ -724,24 +737,24 @@ mod tests {
     fn after_the_fence_only_a_live_own_row_lifts_it() {
         let o = options();
         let mut p = HeartbeatPlanner::new(&o, Duration::ZERO);
-        p.on_outcome(secs(61), wall(61), secs(61), &err());
-        let ok = refreshed(Lease::unbounded(wall(62)));
-        p.on_outcome(secs(62), wall(62), secs(62), &ok);
+        p.on_outcome(secs(64), wall(64), secs(64), &err());
+        let ok = refreshed(Lease::unbounded(wall(65)));
+        p.on_outcome(secs(65), wall(65), secs(65), &ok);
         // A failed read keeps the fence; the next publish asks again.
         assert!(matches!(
-            p.on_own_row(secs(62), &err().map(|_| None)),
+            p.on_own_row(secs(65), &err().map(|_| None)),
             SiloHealth::LeaseAtRisk { failures: 1, .. }
         ));
         assert!(!p.awaiting_own_row());
-        p.on_outcome(secs(63), wall(63), secs(63), &ok);
+        p.on_outcome(secs(66), wall(66), secs(66), &ok);
         assert!(p.awaiting_own_row());
         assert_eq!(
-            p.on_own_row(secs(63), &Ok(Some(SiloStatus::Dead))),
+            p.on_own_row(secs(66), &Ok(Some(SiloStatus::Dead))),
             SiloHealth::DeclaredDead
         );
         let mut q = HeartbeatPlanner::new(&o, Duration::ZERO);
-        q.on_outcome(secs(61), wall(61), secs(61), &ok);
-        assert_eq!(q.on_own_row(secs(61), &Ok(None)), SiloHealth::EntryMissing);
+        q.on_outcome(secs(64), wall(64), secs(64), &ok);
+        assert_eq!(q.on_own_row(secs(64), &Ok(None)), SiloHealth::EntryMissing);
     }
 
     #[test]
