@@ -338,12 +338,12 @@ impl Heartbeat {
         clock: Arc<dyn Clock>,
     ) -> Heartbeat {
         let wall = clock.now();
-        Self::spawn_after_publish(table, address, options, clock, Instant::now(), wall)
+        Self::spawn_after_publish(table, address, options, clock, Instant::now(), wall, None)
     }
 
     /// [`Heartbeat::spawn`] for a join that published the I-am-alive time `published_wall`,
     /// read at `published_at`: the fence horizon counts from then, however long the join took
-    /// afterwards.
+    /// afterwards. With `start_time`, a row of another incarnation at `address` is not its own.
     pub(crate) fn spawn_after_publish(
         table: Arc<dyn MembershipTable>,
         address: SiloAddress,
@@ -351,6 +351,7 @@ impl Heartbeat {
         clock: Arc<dyn Clock>,
         published_at: Instant,
         published_wall: Timestamp,
+        start_time: Option<Timestamp>,
     ) -> Heartbeat {
         let (health_tx, health) = watch::channel(SiloHealth::Starting);
         let health_tx = Arc::new(health_tx);
@@ -444,7 +445,13 @@ impl Heartbeat {
                         r = tokio::time::timeout(call_timeout, table.read_row(&address)) => r,
                     };
                     let read = match read {
-                        Ok(r) => r.map(|s| s.get(&address).map(|row| row.entry.status)),
+                        Ok(r) => r.map(|s| {
+                            s.get(&address)
+                                .filter(|row| {
+                                    start_time.is_none_or(|st| row.entry.start_time == st)
+                                })
+                                .map(|row| row.entry.status)
+                        }),
                         Err(_) => Err(MembershipError::Timeout {
                             operation: "read_row",
                             source: format!(

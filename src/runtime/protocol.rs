@@ -346,14 +346,15 @@ pub async fn detection_round(
     options: &MembershipOptions,
     now: Timestamp,
 ) -> Result<DetectionRound> {
-    detection_round_reporting(table, me, options, now, |_| {}).await
+    detection_round_reporting(table, me, None, options, now, |_| {}).await
 }
 
-/// [`detection_round`], handing `me`'s own status to `own` as soon as the first read returns,
-/// before any vote.
+/// [`detection_round`], handing `me`'s own status to `own` as soon as it is known, before any
+/// vote. With `start_time`, a row of another incarnation at `me` counts as missing.
 pub(crate) async fn detection_round_reporting(
     table: &dyn MembershipTable,
     me: &SiloAddress,
+    start_time: Option<Timestamp>,
     options: &MembershipOptions,
     now: Timestamp,
     own: impl FnOnce(Option<SiloStatus>),
@@ -364,7 +365,18 @@ pub(crate) async fn detection_round_reporting(
         .saturating_mul(options.num_missed_table_i_am_alive_limit);
     let mut declared = Vec::new();
     let snapshot = bounded("read_all", false, t, table.read_all()).await?;
-    let own_status = snapshot.get(me).map(|r| r.entry.status);
+    let own_row = match snapshot.get(me) {
+        Some(r) => Some((r.entry.status, r.entry.start_time)),
+        // `read_all` skips a damaged row: only `read_row` tells a missing row from one that
+        // cannot be read (an error: the own status stays unknown).
+        None => bounded("read_row", false, t, table.read_row(me))
+            .await?
+            .get(me)
+            .map(|r| (r.entry.status, r.entry.start_time)),
+    };
+    let own_status = own_row
+        .filter(|(_, started)| start_time.is_none_or(|s| *started == s))
+        .map(|(status, _)| status);
     own(own_status);
     if matches!(own_status, None | Some(SiloStatus::Dead)) {
         return Ok(DetectionRound {

@@ -24,6 +24,8 @@ struct Joined {
     /// When the I-am-alive time the join stored last was read (monotonic).
     published_at: Instant,
     published_wall: Timestamp,
+    /// The incarnation's start time: a row at the address with another is not this silo's.
+    start_time: Timestamp,
 }
 
 /// One silo's membership in a cluster.
@@ -139,6 +141,7 @@ impl Silo {
             address: entry.address,
             published_at,
             published_wall,
+            start_time: entry.start_time,
         })
     }
 
@@ -211,7 +214,9 @@ impl Silo {
             Arc::clone(&clock),
             joined.published_at,
             joined.published_wall,
+            Some(joined.start_time),
         );
+        let start_time = joined.start_time;
         let detector = {
             let (table, clock, options) = (Arc::clone(&table), Arc::clone(&clock), options.clone());
             let mut health = heartbeat.health();
@@ -230,6 +235,7 @@ impl Silo {
                     let round = protocol::detection_round_reporting(
                         table.as_ref(),
                         &address,
+                        Some(start_time),
                         &options,
                         clock.now(),
                         |own| report.own_entry(own),
