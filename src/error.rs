@@ -136,6 +136,17 @@ pub enum MembershipError {
         source: BoxError,
     },
 
+    /// This silo's entry turned Dead or disappeared while the silo was joining (the others
+    /// declared it dead, an operator removed it). What was written stays written; join again
+    /// as a new incarnation (a new generation).
+    #[error("silo {silo} is not a member: its entry is {state}")]
+    NotAMember {
+        /// The silo's address.
+        silo: String,
+        /// What was found (e.g. `"dead or missing"`).
+        state: &'static str,
+    },
+
     /// A retry budget ran out while the table kept changing (e.g. a paged read saw the version
     /// move on every attempt). Nothing was written.
     #[error("{operation} gave up after {attempts} attempts over {elapsed:?} of concurrent changes")]

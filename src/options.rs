@@ -161,6 +161,20 @@ impl MembershipOptions {
             .unwrap_or(self.i_am_alive_table_publish_timeout)
     }
 
+    /// The longest a healthy heartbeat takes to follow the previous one's start: the longest
+    /// delay (`i_am_alive_table_publish_timeout` × (1 + `i_am_alive_jitter_percent`), or the
+    /// previous call when it took longer) plus one call (`table_operation_timeout`). A fence
+    /// horizon earlier than this would fence a healthy silo.
+    pub fn longest_heartbeat_gap(&self) -> Duration {
+        let period = self.i_am_alive_table_publish_timeout;
+        let delay = period.saturating_add(crate::clock::scale(
+            period,
+            f64::from(self.i_am_alive_jitter_percent) / 100.0,
+        ));
+        let call = self.effective_table_operation_timeout();
+        delay.max(call).saturating_add(call)
+    }
+
     /// Checks every option; the error names the first one that is wrong.
     pub fn validate(&self) -> Result<()> {
         if self.i_am_alive_table_publish_timeout < Duration::from_millis(10) {
@@ -226,6 +240,21 @@ impl MembershipOptions {
             return Err(MembershipError::config(
                 "table_operation_timeout",
                 "must be at least 10ms or absent",
+            ));
+        }
+        // The fence must come after the longest healthy heartbeat gap and before the others may
+        // vote: with no room in between, a healthy silo would be told to fence.
+        let detection = self
+            .i_am_alive_table_publish_timeout
+            .saturating_mul(self.num_missed_table_i_am_alive_limit);
+        if detection <= self.longest_heartbeat_gap() {
+            return Err(MembershipError::config(
+                "num_missed_table_i_am_alive_limit",
+                format!(
+                    "{} × i_am_alive_table_publish_timeout ({detection:?}, when the others may vote a silent silo dead) leaves no fencing margin after the longest healthy heartbeat gap ({:?}: the publish period plus i_am_alive_jitter_percent, plus one table_operation_timeout); raise the limit or shorten table_operation_timeout",
+                    self.num_missed_table_i_am_alive_limit,
+                    self.longest_heartbeat_gap()
+                ),
             ));
         }
         if self.max_join_attempt_time < self.effective_table_operation_timeout() {
@@ -330,9 +359,12 @@ mod tests {
             rejected(d().max_join_attempt_time(Duration::from_secs(1))),
             "max_join_attempt_time"
         );
-        let o = d()
-            .table_operation_timeout(Some(Duration::MAX))
-            .max_join_attempt_time(Duration::MAX);
+        // A call that may take forever leaves no fencing margin.
+        assert_eq!(
+            rejected(d().table_operation_timeout(Some(Duration::MAX))),
+            "num_missed_table_i_am_alive_limit"
+        );
+        let o = d().max_join_attempt_time(Duration::MAX);
         o.validate().unwrap();
     }
 

@@ -14,6 +14,7 @@ use crate::clock::{Clock, scale};
 use crate::error::{MembershipError, Result};
 use crate::options::MembershipOptions;
 use crate::runtime::observe;
+use crate::runtime::protocol::bounded;
 use crate::table::MembershipTable;
 
 /// When the cleanup runs. Pure: the random draws are arguments.
@@ -115,6 +116,7 @@ impl DefunctCleanup {
             ));
         };
         let expiration = options.defunct_silo_expiration;
+        let call_timeout = options.effective_table_operation_timeout();
         let (stop, mut stop_rx) = watch::channel(false);
         let (removed_tx, removed) = watch::channel(0u64);
         let task = tokio::spawn(async move {
@@ -127,7 +129,19 @@ impl DefunctCleanup {
                     _ = stop_rx.changed() => return,
                 }
                 let before = clock.now().saturating_sub(expiration);
-                match table.cleanup_defunct(before).await {
+                // Bounded like every runtime call, and abandoned on stop: a hung cleanup must
+                // not hold up `Silo::leave` (the next period, or another silo, runs it again).
+                let run = bounded(
+                    "cleanup_defunct",
+                    true,
+                    call_timeout,
+                    table.cleanup_defunct(before),
+                );
+                let outcome = tokio::select! {
+                    r = run => r,
+                    _ = stop_rx.changed() => return,
+                };
+                match outcome {
                     Ok(n) => {
                         total += n as u64;
                         observe::cleaned(n);

@@ -42,7 +42,20 @@ pub struct HeartbeatPlanner {
     failures: u32,
     last_error: String,
     published_at: Duration,
+    /// The largest I-am-alive time written so far. Backends keep the largest stored time, so
+    /// after a backward wall-clock step a write that "succeeds" publishes nothing new: the
+    /// detection horizon advances only as far as the written time moves past this one.
+    published_wall: Option<Timestamp>,
     lease_due: Option<Duration>,
+    /// The fence horizon passed (the host was, or must be, told to fence). Only a read of the
+    /// own row after a successful publish clears it: meanwhile the others may have declared this
+    /// silo dead, and a heartbeat need not look at the row (the Cassandra table checks it once
+    /// per renewal interval).
+    fenced: bool,
+    /// A publish succeeded while fenced: the own row must be read before the fence is lifted.
+    awaiting_own_row: bool,
+    /// When the last successful publish started (or the join's).
+    last_started: Duration,
 }
 
 impl HeartbeatPlanner {
@@ -58,8 +71,19 @@ impl HeartbeatPlanner {
             failures: 0,
             last_error: String::new(),
             published_at: joined_at,
+            published_wall: None,
             lease_due: None,
+            fenced: false,
+            awaiting_own_row: false,
+            last_started: joined_at,
         }
+    }
+
+    /// The same planner, knowing that the publish at `joined_at` stored the I-am-alive time
+    /// `wall` (so later writes of an earlier time, after a backward clock step, move nothing).
+    pub fn with_published_wall(mut self, wall: Timestamp) -> Self {
+        self.published_wall = Some(wall);
+        self
     }
 
     /// How long after a silo's last published I-am-alive time the others may start voting it
@@ -72,12 +96,13 @@ impl HeartbeatPlanner {
     }
 
     /// How much earlier than the detection horizon the host is told to fence: one publish
-    /// period, but at most half of what the horizon leaves after one period, so a healthy
-    /// heartbeat always comes before the fence (30 s with the defaults: fence 60 s after the
-    /// last successful publish). Zero when `num_missed_table_i_am_alive_limit` is 1.
+    /// period, but never so much that the fence comes before the longest healthy heartbeat gap
+    /// ([`MembershipOptions::longest_heartbeat_gap`]: 33 s + 30 s with the defaults), so a
+    /// healthy silo is never fenced. 27 s with the defaults: fence 63 s after the start of the
+    /// last successful publish. Options that leave no margin fail validation.
     pub fn fencing_margin(options: &MembershipOptions) -> Duration {
         let period = options.i_am_alive_table_publish_timeout;
-        period.min(Self::detection_horizon(options).saturating_sub(period) / 2)
+        period.min(Self::detection_horizon(options).saturating_sub(options.longest_heartbeat_gap()))
     }
 
     /// The lease last granted.
@@ -100,17 +125,22 @@ impl HeartbeatPlanner {
 
     /// How long to wait before the next heartbeat. `unit_random` in `[0, 1)` picks the jitter.
     ///
-    /// After a success: the period ± jitter. After failures: a backoff doubling from
+    /// After a success: the period ± jitter from that publish's start. After failures: a backoff doubling from
     /// `heartbeat_retry_backoff` up to the period; just the backoff once the fence horizon has
     /// passed (every second counts then). Never past the fence horizon.
     pub fn next_delay(&self, now: Duration, unit_random: f64) -> Duration {
         let r = unit_random.clamp(0.0, 1.0);
         let fence_at = self.fence_at();
-        let mut delay = if now >= fence_at {
+        let mut delay = if self.fenced || now >= fence_at {
             self.backoff
         } else if self.failures == 0 {
+            // Counted from the last publish's start, not its end: a slow call does not push
+            // the next one later (the fencing margin assumes this).
             let jitter = scale(self.period, f64::from(self.jitter_percent) / 100.0);
-            (self.period - jitter).saturating_add(scale(jitter, 2.0 * r))
+            let interval = (self.period - jitter).saturating_add(scale(jitter, 2.0 * r));
+            self.last_started
+                .saturating_add(interval)
+                .saturating_sub(now)
         } else {
             let exp = self.failures.saturating_sub(1).min(16);
             self.backoff.saturating_mul(1 << exp).min(self.period)
@@ -122,9 +152,11 @@ impl HeartbeatPlanner {
     }
 
     /// The health at `now`; `in_flight` when a heartbeat is under way (it counts as a failure
-    /// once the fence horizon passes).
+    /// once the fence horizon passes). Once the fence horizon has passed it stays
+    /// [`SiloHealth::LeaseAtRisk`] until [`HeartbeatPlanner::on_own_row`] saw the own row live
+    /// after a successful publish.
     pub fn health(&self, now: Duration, in_flight: bool) -> SiloHealth {
-        if now >= self.fence_at() {
+        if self.fenced || now >= self.fence_at() {
             SiloHealth::LeaseAtRisk {
                 lease: self.lease,
                 failures: self.failures.saturating_add(u32::from(in_flight)),
@@ -151,12 +183,30 @@ impl HeartbeatPlanner {
         now: Duration,
         outcome: &Result<HeartbeatOutcome, MembershipError>,
     ) -> SiloHealth {
+        if now >= self.fence_at() {
+            self.fenced = true;
+        }
         match outcome {
             Ok(HeartbeatOutcome::Refreshed { lease }) => {
+                self.awaiting_own_row = self.fenced;
                 self.failures = 0;
+                self.last_started = self.last_started.max(started);
                 self.lease = Some(*lease);
-                // The others compare the time written (taken at `started`) with their clocks.
-                self.published_at = self.published_at.max(started);
+                // The others compare the stored time (the largest written) with their clocks.
+                match self.published_wall {
+                    // Not past what is stored: nothing new published.
+                    Some(last) if wall_started <= last => {}
+                    Some(last) => {
+                        let moved = wall_started.duration_since(last);
+                        let at = started.min(self.published_at.saturating_add(moved));
+                        self.published_at = self.published_at.max(at);
+                        self.published_wall = Some(wall_started);
+                    }
+                    None => {
+                        self.published_at = self.published_at.max(started);
+                        self.published_wall = Some(wall_started);
+                    }
+                }
                 self.lease_due = lease
                     .refresh_by
                     .map(|r| started.saturating_add(r.duration_since(wall_started)));
@@ -171,6 +221,44 @@ impl HeartbeatPlanner {
             }
         }
     }
+
+    /// True when a publish succeeded after the fence horizon: the host stays fenced until the
+    /// own row has been read ([`HeartbeatPlanner::on_own_row`]).
+    pub fn awaiting_own_row(&self) -> bool {
+        self.awaiting_own_row
+    }
+
+    /// Takes the status of the own row read after a successful publish (`None`: no row) and
+    /// returns the new health: final when the row is Dead or gone, the fence lifted when it is
+    /// live, still fenced (and one more failure) when the read failed.
+    pub fn on_own_row(
+        &mut self,
+        now: Duration,
+        read: &Result<Option<SiloStatus>, MembershipError>,
+    ) -> SiloHealth {
+        self.awaiting_own_row = false;
+        match read {
+            Ok(Some(SiloStatus::Dead)) => SiloHealth::DeclaredDead,
+            Ok(None) => SiloHealth::EntryMissing,
+            Ok(Some(_)) => {
+                self.fenced = false;
+                self.health(now, false)
+            }
+            Err(e) => {
+                self.failures = self.failures.saturating_add(1);
+                self.last_error = e.to_string();
+                self.health(now, false)
+            }
+        }
+    }
+}
+
+/// `origin + offset`, or about thirty years on when that overflows.
+fn at(origin: Instant, offset: Duration) -> Instant {
+    origin
+        .checked_add(offset)
+        .or_else(|| origin.checked_add(Duration::from_secs(30 * 365 * 86_400)))
+        .unwrap_or(origin)
 }
 
 /// Sends `health` unless the current state is final (final states stick) or unchanged.
@@ -186,17 +274,46 @@ fn publish(tx: &watch::Sender<SiloHealth>, health: SiloHealth) {
 
 /// Hands what the failure detector read of this silo's own row to the heartbeat.
 #[derive(Clone, Debug)]
-pub(crate) struct OwnEntryReport(Arc<watch::Sender<SiloHealth>>);
+pub(crate) struct OwnEntryReport {
+    health: Arc<watch::Sender<SiloHealth>>,
+    unknown: Arc<watch::Sender<bool>>,
+}
 
 impl OwnEntryReport {
     /// `status` is the own row's status in the detector's snapshot, `None` when it has none.
-    /// Dead or missing ends the heartbeat (the watch turns final); anything else says nothing.
+    /// Dead or missing ends the heartbeat (the watch turns final); anything else says the own
+    /// row is known again.
     pub(crate) fn own_entry(&self, status: Option<SiloStatus>) {
         match status {
-            None => publish(&self.0, SiloHealth::EntryMissing),
-            Some(SiloStatus::Dead) => publish(&self.0, SiloHealth::DeclaredDead),
-            Some(_) => {}
+            None => publish(&self.health, SiloHealth::EntryMissing),
+            Some(SiloStatus::Dead) => publish(&self.health, SiloHealth::DeclaredDead),
+            Some(_) => {
+                self.unknown
+                    .send_if_modified(|u| std::mem::replace(u, false));
+            }
         }
+    }
+
+    /// The detector could not read the own row for too long: the others may have declared this
+    /// silo dead unseen, so the host must fence until a read succeeds again.
+    pub(crate) fn own_entry_unknown(&self) {
+        self.unknown
+            .send_if_modified(|u| !std::mem::replace(u, true));
+    }
+}
+
+/// What the host is shown: the planner's health, fenced while the own row is unknown.
+fn shown(planner: &HeartbeatPlanner, now: Duration, in_flight: bool, unknown: bool) -> SiloHealth {
+    match planner.health(now, in_flight) {
+        SiloHealth::Starting | SiloHealth::Healthy { .. } | SiloHealth::Failing { .. }
+            if unknown =>
+        {
+            SiloHealth::LeaseAtRisk {
+                lease: planner.lease(),
+                failures: planner.failures().saturating_add(u32::from(in_flight)),
+            }
+        }
+        health => health,
     }
 }
 
@@ -205,35 +322,60 @@ impl OwnEntryReport {
 pub struct Heartbeat {
     health: watch::Receiver<SiloHealth>,
     health_tx: Arc<watch::Sender<SiloHealth>>,
+    unknown_tx: Arc<watch::Sender<bool>>,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
 
 impl Heartbeat {
     /// Starts heartbeating `address` on `table`. The first heartbeat is immediate. The fence
-    /// horizon counts from now: the caller has just published the I-am-alive time (joined).
+    /// horizon counts from now: the caller has just published the I-am-alive time `clock.now()`
+    /// (joined).
     pub fn spawn(
         table: Arc<dyn MembershipTable>,
         address: SiloAddress,
         options: &MembershipOptions,
         clock: Arc<dyn Clock>,
     ) -> Heartbeat {
+        let wall = clock.now();
+        Self::spawn_after_publish(table, address, options, clock, Instant::now(), wall, None)
+    }
+
+    /// [`Heartbeat::spawn`] for a join that published the I-am-alive time `published_wall`,
+    /// read at `published_at`: the fence horizon counts from then, however long the join took
+    /// afterwards. With `start_time`, a row of another incarnation at `address` is not its own.
+    pub(crate) fn spawn_after_publish(
+        table: Arc<dyn MembershipTable>,
+        address: SiloAddress,
+        options: &MembershipOptions,
+        clock: Arc<dyn Clock>,
+        published_at: Instant,
+        published_wall: Timestamp,
+        start_time: Option<Timestamp>,
+    ) -> Heartbeat {
         let (health_tx, health) = watch::channel(SiloHealth::Starting);
         let health_tx = Arc::new(health_tx);
+        let (unknown_tx, mut unknown_rx) = watch::channel(false);
+        let unknown_tx = Arc::new(unknown_tx);
         let (stop, mut stop_rx) = watch::channel(false);
-        let origin = Instant::now();
-        let mut planner = HeartbeatPlanner::new(options, Duration::ZERO);
+        let origin = published_at;
+        let mut planner =
+            HeartbeatPlanner::new(options, Duration::ZERO).with_published_wall(published_wall);
         let call_timeout = options.effective_table_operation_timeout();
         let cluster = table.cluster_id().to_owned();
         let tx = Arc::clone(&health_tx);
+        // Held by the task so `unknown_rx` never closes under it (a closed watch would wake it
+        // in a loop).
+        let keep_unknown = Arc::clone(&unknown_tx);
         let mut final_rx = health_tx.subscribe();
         let task = tokio::spawn(async move {
+            let _keep_unknown = keep_unknown;
             let mono = move || origin.elapsed();
             let mut delay = Duration::ZERO;
             // The fence horizon already announced, so it is announced once.
             let mut announced: Option<Duration> = None;
             loop {
-                let wake = Instant::now() + delay;
+                let wake = crate::runtime::protocol::deadline_after(delay);
                 loop {
                     let fence = planner.fence_at();
                     tokio::select! {
@@ -243,10 +385,14 @@ impl Heartbeat {
                             return;
                         }
                         _ = final_rx.wait_for(SiloHealth::is_final) => return,
+                        _ = unknown_rx.changed() => {
+                            let unknown = *unknown_rx.borrow_and_update();
+                            publish(&tx, shown(&planner, mono(), false, unknown));
+                        }
                         _ = tokio::time::sleep_until(wake) => break,
-                        _ = tokio::time::sleep_until(origin + fence), if announced != Some(fence) => {
+                        _ = tokio::time::sleep_until(at(origin, fence)), if announced != Some(fence) => {
                             announced = Some(fence);
-                            let health = planner.health(mono(), false);
+                            let health = shown(&planner, mono(), false, *unknown_rx.borrow());
                             warn!(%cluster, silo = %address, ?health, "fence horizon passed without a successful heartbeat");
                             publish(&tx, health);
                         }
@@ -272,15 +418,54 @@ impl Heartbeat {
                             return;
                         }
                         _ = final_rx.wait_for(SiloHealth::is_final) => return,
-                        _ = tokio::time::sleep_until(origin + fence), if announced != Some(fence) => {
+                        _ = unknown_rx.changed() => {
+                            let unknown = *unknown_rx.borrow_and_update();
+                            publish(&tx, shown(&planner, mono(), true, unknown));
+                        }
+                        _ = tokio::time::sleep_until(at(origin, fence)), if announced != Some(fence) => {
                             announced = Some(fence);
-                            let health = planner.health(mono(), true);
+                            let health = shown(&planner, mono(), true, *unknown_rx.borrow());
                             warn!(%cluster, silo = %address, ?health, "fence horizon passed during a heartbeat");
                             publish(&tx, health);
                         }
                     }
                 };
-                let health = planner.on_outcome(started, wall_started, mono(), &outcome);
+                let mut health = planner.on_outcome(started, wall_started, mono(), &outcome);
+                if planner.awaiting_own_row() {
+                    // Published again after the fence: the others may have declared this silo
+                    // dead meanwhile, which the heartbeat need not have seen. Read the row
+                    // before lifting the fence (only on this recovery path: no extra round trip
+                    // per heartbeat).
+                    let read = tokio::select! {
+                        biased;
+                        _ = stop_rx.changed() => {
+                            publish(&tx, SiloHealth::Stopped);
+                            return;
+                        }
+                        r = tokio::time::timeout(call_timeout, table.read_row(&address)) => r,
+                    };
+                    let read = match read {
+                        Ok(r) => r.map(|s| {
+                            s.get(&address)
+                                .filter(|row| {
+                                    start_time.is_none_or(|st| row.entry.start_time == st)
+                                })
+                                .map(|row| row.entry.status)
+                        }),
+                        Err(_) => Err(MembershipError::Timeout {
+                            operation: "read_row",
+                            source: format!(
+                                "no answer within {call_timeout:?} (table_operation_timeout)"
+                            )
+                            .into(),
+                        }),
+                    };
+                    debug!(%cluster, silo = %address, ?read, "own row read after the fence");
+                    health = planner.on_own_row(mono(), &read);
+                }
+                if !health.is_final() {
+                    health = shown(&planner, mono(), false, *unknown_rx.borrow());
+                }
                 observe::heartbeat(&health, clock.now());
                 match &health {
                     SiloHealth::Healthy { lease } => {
@@ -316,6 +501,7 @@ impl Heartbeat {
         Heartbeat {
             health,
             health_tx,
+            unknown_tx,
             stop,
             task,
         }
@@ -323,7 +509,10 @@ impl Heartbeat {
 
     /// What the failure detector uses to report this silo's own row.
     pub(crate) fn own_entry_report(&self) -> OwnEntryReport {
-        OwnEntryReport(Arc::clone(&self.health_tx))
+        OwnEntryReport {
+            health: Arc::clone(&self.health_tx),
+            unknown: Arc::clone(&self.unknown_tx),
+        }
     }
 
     /// A receiver of health changes.
@@ -383,13 +572,16 @@ mod tests {
     fn horizons_with_the_defaults() {
         let o = MembershipOptions::default();
         assert_eq!(HeartbeatPlanner::detection_horizon(&o), secs(90));
-        assert_eq!(HeartbeatPlanner::fencing_margin(&o), secs(30));
+        assert_eq!(o.longest_heartbeat_gap(), secs(63));
+        assert_eq!(HeartbeatPlanner::fencing_margin(&o), secs(27));
         let p = HeartbeatPlanner::new(&o, secs(5));
-        assert_eq!(p.fence_at(), secs(65), "60 s after the join's publish");
-        // Two missed periods allowed: half of what is left after one period.
+        assert_eq!(p.fence_at(), secs(68), "63 s after the join's publish");
+        // Two missed periods with calls of up to a period: no room (validation refuses it).
         let o2 = o.clone().num_missed_table_i_am_alive_limit(2);
-        assert_eq!(HeartbeatPlanner::fencing_margin(&o2), secs(15));
-        // One: no room for a margin.
+        assert_eq!(HeartbeatPlanner::fencing_margin(&o2), Duration::ZERO);
+        // With 1 s calls: 60 s - (33 s + 1 s) leaves more than a period.
+        let o2 = o2.table_operation_timeout(Some(secs(1)));
+        assert_eq!(HeartbeatPlanner::fencing_margin(&o2), secs(26));
         let o1 = o.num_missed_table_i_am_alive_limit(1);
         assert_eq!(HeartbeatPlanner::fencing_margin(&o1), Duration::ZERO);
     }
@@ -405,17 +597,17 @@ mod tests {
             &refreshed(Lease::unbounded(wall(10))),
         );
         assert!(matches!(h, SiloHealth::Healthy { .. }));
-        assert_eq!(p.fence_at(), secs(70));
+        assert_eq!(p.fence_at(), secs(73));
         assert!(matches!(
             p.on_outcome(secs(40), wall(40), secs(41), &err()),
             SiloHealth::Failing { failures: 1, .. }
         ));
         assert!(matches!(
-            p.health(secs(69), false),
+            p.health(secs(72), false),
             SiloHealth::Failing { .. }
         ));
         assert_eq!(
-            p.health(secs(70), false),
+            p.health(secs(73), false),
             SiloHealth::LeaseAtRisk {
                 lease: Some(Lease::unbounded(wall(10))),
                 failures: 1
@@ -423,11 +615,11 @@ mod tests {
         );
         // A call in flight at the horizon counts as failed.
         assert!(matches!(
-            p.health(secs(70), true),
+            p.health(secs(73), true),
             SiloHealth::LeaseAtRisk { failures: 2, .. }
         ));
         // Retries never wait past the fence.
-        assert_eq!(p.next_delay(secs(69), 0.5), secs(1));
+        assert_eq!(p.next_delay(secs(72), 0.5), secs(1));
     }
 
     #[test]
@@ -480,6 +672,24 @@ mod tests {
     }
 
     #[test]
+    fn the_detection_horizon_moves_only_as_far_as_the_stored_time() {
+        let o = options();
+        let mut p = HeartbeatPlanner::new(&o, Duration::ZERO).with_published_wall(wall(100));
+        assert_eq!(p.fence_at(), secs(63));
+        let ok = refreshed(Lease::unbounded(wall(0)));
+        // The wall clock stepped back an hour: nothing newer than wall 100 is stored.
+        p.on_outcome(secs(30), wall(100 - 3600 + 30), secs(30), &ok);
+        assert_eq!(p.fence_at(), secs(63));
+        // A forward step counts no further than the monotonic time that passed.
+        p.on_outcome(secs(40), wall(100 + 3600), secs(40), &ok);
+        assert_eq!(p.fence_at(), secs(103));
+        // Written 5 s past the stored time, 20 s of monotonic time later: 5 s more.
+        let mut q = HeartbeatPlanner::new(&o, Duration::ZERO).with_published_wall(wall(100));
+        q.on_outcome(secs(20), wall(105), secs(20), &ok);
+        assert_eq!(q.fence_at(), secs(68));
+    }
+
+    #[test]
     fn delays_stay_within_the_jitter() {
         let p = HeartbeatPlanner::new(&options(), Duration::ZERO);
         let now = Duration::ZERO;
@@ -517,6 +727,10 @@ mod tests {
             secs(91),
             &refreshed(lease(91, 191, 181)),
         );
+        // Published again, but fenced until the own row has been read.
+        assert!(matches!(h, SiloHealth::LeaseAtRisk { failures: 0, .. }));
+        assert!(p.awaiting_own_row());
+        let h = p.on_own_row(secs(91), &Ok(Some(SiloStatus::Active)));
         assert_eq!(
             h,
             SiloHealth::Healthy {
@@ -524,6 +738,30 @@ mod tests {
             }
         );
         assert_eq!(p.failures(), 0);
+    }
+
+    #[test]
+    fn after_the_fence_only_a_live_own_row_lifts_it() {
+        let o = options();
+        let mut p = HeartbeatPlanner::new(&o, Duration::ZERO);
+        p.on_outcome(secs(64), wall(64), secs(64), &err());
+        let ok = refreshed(Lease::unbounded(wall(65)));
+        p.on_outcome(secs(65), wall(65), secs(65), &ok);
+        // A failed read keeps the fence; the next publish asks again.
+        assert!(matches!(
+            p.on_own_row(secs(65), &err().map(|_| None)),
+            SiloHealth::LeaseAtRisk { failures: 1, .. }
+        ));
+        assert!(!p.awaiting_own_row());
+        p.on_outcome(secs(66), wall(66), secs(66), &ok);
+        assert!(p.awaiting_own_row());
+        assert_eq!(
+            p.on_own_row(secs(66), &Ok(Some(SiloStatus::Dead))),
+            SiloHealth::DeclaredDead
+        );
+        let mut q = HeartbeatPlanner::new(&o, Duration::ZERO);
+        q.on_outcome(secs(64), wall(64), secs(64), &ok);
+        assert_eq!(q.on_own_row(secs(64), &Ok(None)), SiloHealth::EntryMissing);
     }
 
     #[test]
@@ -587,12 +825,15 @@ mod tests {
     #[test]
     fn final_states_stick() {
         let (tx, rx) = watch::channel(SiloHealth::Starting);
-        let report = OwnEntryReport(Arc::new(tx));
+        let report = OwnEntryReport {
+            health: Arc::new(tx),
+            unknown: Arc::new(watch::channel(false).0),
+        };
         report.own_entry(Some(SiloStatus::Active));
         assert_eq!(*rx.borrow(), SiloHealth::Starting);
         report.own_entry(Some(SiloStatus::Dead));
         publish(
-            &report.0,
+            &report.health,
             SiloHealth::Healthy {
                 lease: Lease::unbounded(wall(0)),
             },

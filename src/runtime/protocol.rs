@@ -69,8 +69,21 @@ pub(crate) async fn bounded<T>(
     }
 }
 
+/// `after` from now, or about thirty years from now when that overflows (an unbounded deadline).
+pub(crate) fn deadline_after(after: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(after)
+        .or_else(|| now.checked_add(Duration::from_secs(30 * 365 * 86_400)))
+        .unwrap_or(now)
+}
+
+/// The bound on one call: the call timeout, cut short by the deadline of the step it is part of.
+fn call_limit(call_timeout: Duration, deadline: Instant) -> Duration {
+    call_timeout.min(deadline.saturating_duration_since(Instant::now()))
+}
+
 /// Errors worth another round: contention, timeouts, unknown outcomes, unavailable storage.
-fn retriable(e: &MembershipError) -> bool {
+pub(crate) fn retriable(e: &MembershipError) -> bool {
     matches!(
         e,
         MembershipError::Contention { .. }
@@ -82,7 +95,7 @@ fn retriable(e: &MembershipError) -> bool {
 
 /// Full-jitter exponential backoff: a random pause up to 20 ms × 2^round, at most 2 s, so
 /// many writers of one version row spread out instead of colliding again.
-async fn pause(round: u32, deadline: Instant) {
+pub(crate) async fn pause(round: u32, deadline: Instant) {
     let cap = 20u64.saturating_mul(1 << round.min(7)).min(2_000);
     let pause = Duration::from_millis(rand::random_range(1..=cap));
     tokio::time::sleep_until((Instant::now() + pause).min(deadline)).await;
@@ -102,12 +115,27 @@ pub async fn join_within(
     entry: &MembershipEntry,
     limits: &ProtocolLimits,
 ) -> Result<()> {
+    join_until(
+        table,
+        entry,
+        limits.call_timeout,
+        deadline_after(limits.step_deadline),
+    )
+    .await
+}
+
+/// [`join_within`] with a deadline shared with other steps; calls in flight are cut at it.
+pub(crate) async fn join_until(
+    table: &dyn MembershipTable,
+    entry: &MembershipEntry,
+    call_timeout: Duration,
+    deadline: Instant,
+) -> Result<()> {
     let started = Instant::now();
-    let deadline = started + limits.step_deadline;
-    let t = limits.call_timeout;
     let mut maybe_inserted = false;
     let mut round = 0u32;
     loop {
+        let t = call_limit(call_timeout, deadline);
         let attempt = async {
             let snapshot = bounded("read_all", false, t, table.read_all()).await?;
             if let Some(row) = snapshot.get(&entry.address) {
@@ -180,14 +208,40 @@ pub async fn set_status_within(
     now: Timestamp,
     limits: &ProtocolLimits,
 ) -> Result<bool> {
+    set_status_until(
+        table,
+        address,
+        None,
+        status,
+        now,
+        limits.call_timeout,
+        deadline_after(limits.step_deadline),
+    )
+    .await
+}
+
+/// [`set_status_within`] with a deadline shared with other steps (calls in flight are cut at
+/// it); with `start_time`, only that incarnation's row is changed (another's counts as missing).
+pub(crate) async fn set_status_until(
+    table: &dyn MembershipTable,
+    address: &SiloAddress,
+    start_time: Option<Timestamp>,
+    status: SiloStatus,
+    now: Timestamp,
+    call_timeout: Duration,
+    deadline: Instant,
+) -> Result<bool> {
     let started = Instant::now();
-    let deadline = started + limits.step_deadline;
-    let t = limits.call_timeout;
     let mut round = 0u32;
     loop {
+        let t = call_limit(call_timeout, deadline);
         let attempt = async {
             let snapshot = bounded("read_row", false, t, table.read_row(address)).await?;
-            let Some(row) = snapshot.rows.first() else {
+            let Some(row) = snapshot
+                .rows
+                .first()
+                .filter(|r| start_time.is_none_or(|s| r.entry.start_time == s))
+            else {
                 return Ok(Some(false));
             };
             if row.entry.status == SiloStatus::Dead {
@@ -282,11 +336,28 @@ pub async fn declare_silent_silos_dead(
 /// One round of failure detection (see [`declare_silent_silos_dead`]) that also reports `me`'s
 /// own row from the same read — no extra round trip. Every table call is bounded by
 /// `table_operation_timeout`.
+///
+/// A silo whose own row is Dead or missing votes no one dead: it is no member. A suspect whose
+/// re-read or write fails is skipped (the next round retries it); only the first read failing
+/// fails the round.
 pub async fn detection_round(
     table: &dyn MembershipTable,
     me: &SiloAddress,
     options: &MembershipOptions,
     now: Timestamp,
+) -> Result<DetectionRound> {
+    detection_round_reporting(table, me, None, options, now, |_| {}).await
+}
+
+/// [`detection_round`], handing `me`'s own status to `own` as soon as it is known, before any
+/// vote. With `start_time`, a row of another incarnation at `me` counts as missing.
+pub(crate) async fn detection_round_reporting(
+    table: &dyn MembershipTable,
+    me: &SiloAddress,
+    start_time: Option<Timestamp>,
+    options: &MembershipOptions,
+    now: Timestamp,
+    own: impl FnOnce(Option<SiloStatus>),
 ) -> Result<DetectionRound> {
     let t = options.effective_table_operation_timeout();
     let silence = options
@@ -294,7 +365,25 @@ pub async fn detection_round(
         .saturating_mul(options.num_missed_table_i_am_alive_limit);
     let mut declared = Vec::new();
     let snapshot = bounded("read_all", false, t, table.read_all()).await?;
-    let own_status = snapshot.get(me).map(|r| r.entry.status);
+    let own_row = match snapshot.get(me) {
+        Some(r) => Some((r.entry.status, r.entry.start_time)),
+        // `read_all` skips a damaged row: only `read_row` tells a missing row from one that
+        // cannot be read (an error: the own status stays unknown).
+        None => bounded("read_row", false, t, table.read_row(me))
+            .await?
+            .get(me)
+            .map(|r| (r.entry.status, r.entry.start_time)),
+    };
+    let own_status = own_row
+        .filter(|(_, started)| start_time.is_none_or(|s| *started == s))
+        .map(|(status, _)| status);
+    own(own_status);
+    if matches!(own_status, None | Some(SiloStatus::Dead)) {
+        return Ok(DetectionRound {
+            declared,
+            own_status,
+        });
+    }
     for row in &snapshot.rows {
         let e = &row.entry;
         if &e.address == me
@@ -324,7 +413,14 @@ pub async fn detection_round(
             entry.status = SiloStatus::Dead;
         }
         // One attempt per round: on a conflict the next round re-reads and votes again.
-        let current = bounded("read_all", false, t, table.read_all()).await?;
+        let current = match bounded("read_all", false, t, table.read_all()).await {
+            Ok(current) => current,
+            // One suspect must not cost the round what it already learned, nor the others' votes.
+            Err(err) => {
+                warn!(cluster = table.cluster_id(), silo = %e.address, error = %err, "re-read before a suspicion failed");
+                continue;
+            }
+        };
         let Some(now_row) = current.get(&e.address) else {
             continue;
         };

@@ -5,17 +5,28 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::warn;
 
 use crate::clock::{Clock, SystemClock};
-use crate::error::Result;
-use crate::model::{MembershipEntry, SiloAddress, SiloStatus};
+use crate::error::{MembershipError, Result};
+use crate::model::{MembershipEntry, SiloAddress, SiloStatus, Timestamp};
 use crate::options::MembershipOptions;
 use crate::runtime::cleanup::DefunctCleanup;
 use crate::runtime::health::SiloHealth;
 use crate::runtime::heartbeat::Heartbeat;
 use crate::runtime::protocol::{self, ProtocolLimits, bounded};
 use crate::table::MembershipTable;
+
+/// What a successful join published.
+struct Joined {
+    address: SiloAddress,
+    /// When the I-am-alive time the join stored last was read (monotonic).
+    published_at: Instant,
+    published_wall: Timestamp,
+    /// The incarnation's start time: a row at the address with another is not this silo's.
+    start_time: Timestamp,
+}
 
 /// One silo's membership in a cluster.
 ///
@@ -57,7 +68,11 @@ impl Silo {
     /// it) before anything is written; then initializes the table, inserts `entry` as Joining,
     /// moves it to Active, and starts the heartbeat and the failure detector (every publish
     /// period; it also watches this silo's own row). Conflicts, reads that give up and calls
-    /// that time out are retried with jittered backoff until `max_join_attempt_time`.
+    /// that time out are retried with jittered backoff; the whole join, calls in flight
+    /// included, ends by `max_join_attempt_time`. A join that fails after its insert may have
+    /// applied marks the entry Dead in the background (best effort). Cancelling the returned
+    /// future (dropping it) skips that: an entry it inserted stays Joining until defunct
+    /// cleanup or storage expiry removes it.
     pub async fn join_with_clock(
         table: Arc<dyn MembershipTable>,
         entry: MembershipEntry,
@@ -68,8 +83,8 @@ impl Silo {
         // Not started when disabled or when storage expiry covers it (see CleanupNotStarted).
         let cleanup = DefunctCleanup::spawn(Arc::clone(&table), &options, Arc::clone(&clock))?.ok();
         let limits = ProtocolLimits::from_options(&options);
-        match Self::enter(table.as_ref(), entry, &clock, &limits).await {
-            Ok(address) => Ok(Self::start(table, address, options, clock, cleanup, limits)),
+        match Self::enter(&table, entry, &clock, &limits).await {
+            Ok(joined) => Ok(Self::start(table, joined, options, clock, cleanup, limits)),
             Err(e) => {
                 if let Some(c) = cleanup {
                     c.stop().await;
@@ -80,72 +95,162 @@ impl Silo {
     }
 
     async fn enter(
-        table: &dyn MembershipTable,
+        table: &Arc<dyn MembershipTable>,
         mut entry: MembershipEntry,
         clock: &Arc<dyn Clock>,
         limits: &ProtocolLimits,
-    ) -> Result<SiloAddress> {
-        bounded(
-            "initialize",
-            true,
-            limits.step_deadline,
-            table.initialize(true),
-        )
-        .await?;
+    ) -> Result<Joined> {
+        // One deadline for every step: initialize, insert, Active.
+        let deadline = protocol::deadline_after(limits.step_deadline);
+        let t = limits.call_timeout;
+        Self::initialize(table.as_ref(), t, deadline).await?;
         entry.status = SiloStatus::Joining;
         entry.i_am_alive_time = clock.now();
-        protocol::join_within(table, &entry, limits).await?;
-        let active = protocol::set_status_within(
-            table,
-            &entry.address,
-            SiloStatus::Active,
-            clock.now(),
-            limits,
-        )
-        .await;
-        if let Err(e) = active {
-            // Nobody will heartbeat this entry: say so rather than leave it Joining (best effort).
-            let _ = protocol::set_status_within(
-                table,
-                &entry.address,
-                SiloStatus::Dead,
-                clock.now(),
-                limits,
-            )
-            .await;
+        if let Err(e) = protocol::join_until(table.as_ref(), &entry, t, deadline).await {
+            // An insert whose outcome is unknown may have applied (best effort, as below).
+            if e.is_transient() {
+                Self::mark_dead_in_background(table, &entry, clock, limits);
+            }
             return Err(e);
         }
-        Ok(entry.address)
+        // The Active write stores this I-am-alive time (or a later one already stored): the
+        // others' detection horizon counts from it, however long the step then retries.
+        let (published_at, published_wall) = (Instant::now(), clock.now());
+        let active = protocol::set_status_until(
+            table.as_ref(),
+            &entry.address,
+            Some(entry.start_time),
+            SiloStatus::Active,
+            published_wall,
+            t,
+            deadline,
+        )
+        .await
+        .and_then(|active| {
+            // The row is Dead or gone: someone declared this incarnation dead meanwhile.
+            active.then_some(()).ok_or(MembershipError::NotAMember {
+                silo: entry.address.to_string(),
+                state: "dead or missing",
+            })
+        });
+        if let Err(e) = active {
+            Self::mark_dead_in_background(table, &entry, clock, limits);
+            return Err(e);
+        }
+        Ok(Joined {
+            address: entry.address,
+            published_at,
+            published_wall,
+            start_time: entry.start_time,
+        })
+    }
+
+    /// `initialize`, retried like the other steps until `deadline`.
+    async fn initialize(
+        table: &dyn MembershipTable,
+        call_timeout: Duration,
+        deadline: Instant,
+    ) -> Result<()> {
+        let mut round = 0u32;
+        loop {
+            let limit = call_timeout.min(deadline.saturating_duration_since(Instant::now()));
+            match bounded("initialize", true, limit, table.initialize(true)).await {
+                Err(e) if protocol::retriable(&e) && Instant::now() < deadline => {
+                    warn!(cluster = table.cluster_id(), error = %e, "initialize failed; retrying");
+                }
+                r => return r,
+            }
+            round = round.saturating_add(1);
+            protocol::pause(round, deadline).await;
+        }
+    }
+
+    /// Nobody will heartbeat an entry whose join failed: say so rather than leave it Joining
+    /// (best effort, only this incarnation's row). In the background, so the join returns by
+    /// its deadline; bounded by `max_join_attempt_time` of its own.
+    fn mark_dead_in_background(
+        table: &Arc<dyn MembershipTable>,
+        entry: &MembershipEntry,
+        clock: &Arc<dyn Clock>,
+        limits: &ProtocolLimits,
+    ) {
+        let (table, address, start, now, limits) = (
+            Arc::clone(table),
+            entry.address,
+            entry.start_time,
+            clock.now(),
+            *limits,
+        );
+        tokio::spawn(async move {
+            let marked = protocol::set_status_until(
+                table.as_ref(),
+                &address,
+                Some(start),
+                SiloStatus::Dead,
+                now,
+                limits.call_timeout,
+                protocol::deadline_after(limits.step_deadline),
+            )
+            .await;
+            if let Err(e) = marked {
+                warn!(cluster = table.cluster_id(), silo = %address, error = %e, "could not mark a failed join's entry Dead; defunct cleanup or expiry removes it");
+            }
+        });
     }
 
     fn start(
         table: Arc<dyn MembershipTable>,
-        address: SiloAddress,
+        joined: Joined,
         options: MembershipOptions,
         clock: Arc<dyn Clock>,
         cleanup: Option<DefunctCleanup>,
         limits: ProtocolLimits,
     ) -> Silo {
-        let heartbeat = Heartbeat::spawn(Arc::clone(&table), address, &options, Arc::clone(&clock));
+        let address = joined.address;
+        let heartbeat = Heartbeat::spawn_after_publish(
+            Arc::clone(&table),
+            address,
+            &options,
+            Arc::clone(&clock),
+            joined.published_at,
+            joined.published_wall,
+            Some(joined.start_time),
+        );
+        let start_time = joined.start_time;
         let detector = {
             let (table, clock, options) = (Arc::clone(&table), Arc::clone(&clock), options.clone());
             let mut health = heartbeat.health();
             let report = heartbeat.own_entry_report();
             tokio::spawn(async move {
                 let period = options.i_am_alive_table_publish_timeout;
+                let mut failed_rounds = 0u32;
                 loop {
                     tokio::select! {
                         _ = tokio::time::sleep(period) => {}
                         _ = health.wait_for(SiloHealth::is_final) => return,
                     }
-                    match protocol::detection_round(table.as_ref(), &address, &options, clock.now())
-                        .await
-                    {
-                        // The same read tells this silo whether it was declared dead or lost
-                        // its entry: within one period on every backend, no extra round trip.
-                        Ok(round) => report.own_entry(round.own_status),
+                    // The round's first read tells this silo whether it was declared dead or
+                    // lost its entry — within one period on every backend, no extra round trip
+                    // — and is reported before any vote.
+                    let round = protocol::detection_round_reporting(
+                        table.as_ref(),
+                        &address,
+                        Some(start_time),
+                        &options,
+                        clock.now(),
+                        |own| report.own_entry(own),
+                    )
+                    .await;
+                    match round {
+                        Ok(_) => failed_rounds = 0,
                         Err(e) => {
-                            warn!(silo = %address, error = %e, "failure detection round failed")
+                            failed_rounds = failed_rounds.saturating_add(1);
+                            warn!(silo = %address, error = %e, failed_rounds, "failure detection round failed");
+                            // As long as the others may take to declare a silent silo dead:
+                            // past it, this silo cannot know it is still a member.
+                            if failed_rounds >= options.num_missed_table_i_am_alive_limit {
+                                report.own_entry_unknown();
+                            }
                         }
                     }
                 }

@@ -31,11 +31,25 @@ fn fast() -> MembershipOptions {
     m
 }
 
-/// A table whose heartbeats fail on demand (the network to the node is cut for this silo).
+/// A table whose heartbeats fail on demand (the network to the node is cut for this silo), and
+/// with `cut_reads` its reads too.
 #[derive(Debug)]
 struct CutOff {
     inner: Arc<dyn MembershipTable>,
     cut: AtomicBool,
+    cut_reads: AtomicBool,
+}
+
+impl CutOff {
+    fn check(&self, operation: &'static str) -> Result<()> {
+        if self.cut.load(Ordering::SeqCst) && self.cut_reads.load(Ordering::SeqCst) {
+            return Err(MembershipError::Timeout {
+                operation,
+                source: "cut off".into(),
+            });
+        }
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -50,9 +64,11 @@ impl MembershipTable for CutOff {
         self.inner.initialize(v).await
     }
     async fn read_all(&self) -> Result<MembershipSnapshot> {
+        self.check("read_all")?;
         self.inner.read_all().await
     }
     async fn read_row(&self, a: &SiloAddress) -> Result<MembershipSnapshot> {
+        self.check("read_row")?;
         self.inner.read_row(a).await
     }
     async fn insert_row(&self, e: &MembershipEntry, v: &TableVersion) -> Result<bool> {
@@ -127,6 +143,7 @@ async fn a_silo_that_cannot_publish_is_told_to_fence_before_the_others_declare_i
     let cut = Arc::new(CutOff {
         inner: Arc::new(table_on(&s, o)),
         cut: AtomicBool::new(false),
+        cut_reads: AtomicBool::new(false),
     });
     let a = Silo::join(
         cut.clone(),
@@ -297,4 +314,70 @@ async fn a_hundred_silos_joining_at_once_all_join() {
         silo.crash();
     }
     table.delete_cluster(table.cluster_id()).await.unwrap();
+}
+
+// Review 1: TTL off, defaults otherwise (between renewals the Cassandra heartbeat does not look at
+// the row). The silo loses the node, fences, is declared Dead meanwhile; when the node comes back
+// its heartbeat write succeeds — it must end DeclaredDead without ever being told Healthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_silo_declared_dead_meanwhile_never_turns_healthy_when_the_node_returns() {
+    let s = session_with_keyspace().await;
+    // Retries every 50 ms once fenced: the heartbeat, not the detector's next read (once a
+    // second), is the first to reach the node when it returns.
+    let mut m = fast();
+    m.heartbeat_retry_backoff = Duration::from_millis(50);
+    let o = options(&unique("zombie_return")).membership(m.clone());
+    let cut = Arc::new(CutOff {
+        inner: Arc::new(table_on(&s, o.clone())),
+        cut: AtomicBool::new(false),
+        cut_reads: AtomicBool::new(true),
+    });
+    let silo = Silo::join(
+        cut.clone(),
+        MembershipEntry::new(address(31), SiloStatus::Joining, Timestamp::now()),
+        m,
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    cut.cut.store(true, Ordering::SeqCst);
+    let mut health = silo.health();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        health.wait_for(|h| matches!(h, SiloHealth::LeaseAtRisk { .. })),
+    )
+    .await
+    .expect("fenced within 10 s")
+    .unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let recorder = {
+        let (mut rx, seen) = (silo.health(), seen.clone());
+        tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                let h = rx.borrow_and_update().clone();
+                seen.lock().unwrap().push(h);
+            }
+        })
+    };
+    // Another silo declares it dead meanwhile.
+    assert!(
+        protocol::set_status(
+            &table_on(&s, o),
+            &silo.address(),
+            SiloStatus::Dead,
+            Timestamp::now()
+        )
+        .await
+        .unwrap()
+    );
+    cut.cut.store(false, Ordering::SeqCst);
+    let last = silo.wait_final(Duration::from_secs(10)).await;
+    recorder.abort();
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        !seen.iter().any(|h| matches!(h, SiloHealth::Healthy { .. })),
+        "told Healthy while its row was Dead: {seen:?}"
+    );
+    assert_eq!(last, SiloHealth::DeclaredDead, "{seen:?}");
+    silo.crash();
 }
