@@ -19,7 +19,12 @@ if [ -z "${CASSANDRA_CONTACT_POINTS:-}" ]; then
   fi
   export CASSANDRA_CONTACT_POINTS=127.0.0.1:9042
 fi
-cleanup() { if [ "$started_here" = 1 ] && [ -z "${KEEP_CASSANDRA:-}" ]; then scripts/cassandra.sh stop; fi; }
+secure_started_here=0
+cleanup() {
+  if [ -n "${KEEP_CASSANDRA:-}" ]; then return; fi
+  if [ "$secure_started_here" = 1 ]; then scripts/cassandra.sh stop 9; fi
+  if [ "$started_here" = 1 ]; then scripts/cassandra.sh stop; fi
+}
 trap cleanup EXIT
 
 step "cargo fmt --check"
@@ -35,6 +40,15 @@ step "cargo test (Cassandra at $CASSANDRA_CONTACT_POINTS)"
 export RUST_TEST_THREADS=${RUST_TEST_THREADS:-8}
 cargo test --lib --bins --tests
 cargo test --doc
+step "TLS and authentication (a node on 127.0.0.9 that speaks only TLS and asks for a password)"
+if [ -z "${CASSANDRA_SECURE_CONTACT_POINT:-}" ]; then
+  status=$(scripts/cassandra.sh status)
+  if [[ "$status" != *"node 9: up"* ]]; then
+    scripts/cassandra.sh start-secure
+    secure_started_here=1
+  fi
+fi
+cargo test --features rustls --test cassandra secure::
 step "benchmarks compile"
 cargo bench --no-run --quiet
 step "done"

@@ -9,5 +9,7 @@ mod expiry;
 mod outcomes;
 mod provider;
 mod runtime;
+#[cfg(feature = "rustls")]
+mod secure;
 mod smoke;
 mod ttl_mismatch;
