@@ -27,8 +27,9 @@ pub enum MembershipError {
         reason: String,
     },
 
-    /// Storage could not be reached or had too few replicas alive. The operation did not apply
-    /// (for a conditional write: it was not accepted by any replica quorum).
+    /// Storage could not be reached or had too few replicas alive, or `connect` did not finish
+    /// within `connect_timeout`. The operation did not apply. (A conditional write that may have
+    /// reached a coordinator never reports this: it is resolved, or `OutcomeUnknown`.)
     #[error("storage unavailable during {operation}")]
     Unavailable {
         /// The table operation.
@@ -96,6 +97,20 @@ pub enum MembershipError {
         silo: Option<String>,
         /// What is wrong.
         reason: String,
+    },
+
+    /// Storage refused the credentials (authentication) or the role lacks a permission
+    /// (authorization). Nothing was written. Never transient: retrying with the same
+    /// configuration fails the same way; fix the credentials or grants.
+    #[error("access denied{} during {operation}: the credentials were refused or the role lacks a permission", user.as_deref().map(|u| format!(" to user {u:?}")).unwrap_or_else(|| " (no credentials configured)".into()))]
+    AccessDenied {
+        /// The table operation (`connect` for a refused login).
+        operation: &'static str,
+        /// The configured username, if any. The password is never kept.
+        user: Option<String>,
+        /// The driver's error (it names the user at most, never the password).
+        #[source]
+        source: BoxError,
     },
 
     /// Storage refused the request for another reason (permissions, invalid request, server

@@ -137,19 +137,40 @@ impl CassandraMembershipTable {
         options.validate()?;
         let mut builder = SessionBuilder::new()
             .known_nodes(&options.contact_points)
-            .connection_timeout(options.request_timeout);
+            .connection_timeout(options.connect_timeout);
         if let Some(c) = &options.credentials {
             builder = builder.user(c.username.clone(), c.password.clone());
         }
-        let session =
-            customize(builder)
-                .build()
-                .await
-                .map_err(|e| MembershipError::Unavailable {
+        // The driver bounds each TCP connect, but not a node that completes the handshake and
+        // then never answers the metadata queries: the whole build is bounded here.
+        let built = tokio::time::timeout(options.connect_timeout, customize(builder).build()).await;
+        // The driver's error text never holds the password; it names nodes and causes.
+        let session = match built {
+            Ok(Ok(session)) => session,
+            Ok(Err(e)) if driver_errors::session_access_denied(&e) => {
+                return Err(MembershipError::AccessDenied {
                     operation: "connect",
-                    // The driver's error text never holds the password; it names nodes and causes.
+                    user: options.credentials.as_ref().map(|c| c.username.clone()),
                     source: Box::new(e),
-                })?;
+                });
+            }
+            Ok(Err(e)) => {
+                return Err(MembershipError::Unavailable {
+                    operation: "connect",
+                    source: Box::new(e),
+                });
+            }
+            Err(elapsed) => {
+                return Err(MembershipError::Unavailable {
+                    operation: "connect",
+                    source: format!(
+                        "no session within connect_timeout ({:?}): {elapsed}",
+                        options.connect_timeout
+                    )
+                    .into(),
+                });
+            }
+        };
         Self::with_session(Arc::new(session), options)
     }
 
@@ -236,15 +257,44 @@ impl CassandraMembershipTable {
                     o.page_size,
                 )
                 .await
-                .map_err(|e| {
+                .map_err(|e| match e {
+                    statements::PrepareFailure::Timeout => MembershipError::Timeout {
+                        operation: "prepare",
+                        source: Box::new(e),
+                    },
+                    statements::PrepareFailure::Refused(e)
+                        if driver_errors::prepare_access_denied(&e) =>
+                    {
+                        MembershipError::AccessDenied {
+                            operation: "prepare",
+                            user: None,
+                            source: Box::new(e),
+                        }
+                    }
                     // Preparing fails when the table is missing or has another shape.
-                    MembershipError::SchemaMismatch {
+                    statements::PrepareFailure::Refused(e) => MembershipError::SchemaMismatch {
                         table: self.shared.qualified.clone(),
                         detail: format!("the provider's statements do not prepare against it: {e}"),
-                    }
+                    },
                 })
             })
             .await
+    }
+
+    /// Names the configured user in an access failure (the driver's errors do not know it).
+    fn named(&self, err: MembershipError) -> MembershipError {
+        match err {
+            MembershipError::AccessDenied {
+                operation,
+                user: None,
+                source,
+            } => MembershipError::AccessDenied {
+                operation,
+                user: self.opts().credentials.as_ref().map(|c| c.username.clone()),
+                source,
+            },
+            other => other,
+        }
     }
 
     fn pk(&self) -> Pk<'_> {
@@ -271,19 +321,27 @@ impl MembershipTable for CassandraMembershipTable {
 
     #[instrument(level = "info", skip(self), fields(table = %self.shared.qualified, cluster = %self.cluster_id))]
     async fn initialize(&self, try_init_version: bool) -> Result<()> {
-        self.initialize_cluster(try_init_version).await
+        self.initialize_cluster(try_init_version)
+            .await
+            .map_err(|e| self.named(e))
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, rows))]
     async fn read_all(&self) -> Result<MembershipSnapshot> {
-        let snapshot = self.read_partition(self.pk()).await?.snapshot();
+        let snapshot = self
+            .read_partition(self.pk())
+            .await
+            .map_err(|e| self.named(e))?
+            .snapshot();
         Span::current().record("rows", snapshot.rows.len());
         Ok(snapshot)
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, silo = %address))]
     async fn read_row(&self, address: &SiloAddress) -> Result<MembershipSnapshot> {
-        self.read_row_snapshot(address).await
+        self.read_row_snapshot(address)
+            .await
+            .map_err(|e| self.named(e))
     }
 
     #[instrument(level = "debug", skip(self, entry), fields(cluster = %self.cluster_id, silo = %entry.address, version = new_version.version, applied))]
@@ -295,6 +353,7 @@ impl MembershipTable for CassandraMembershipTable {
         // An insert is the same conditional write as an update, expecting no row etag.
         self.write_entry("insert_row", entry, Some(&ETag::absent()), new_version)
             .await
+            .map_err(|e| self.named(e))
     }
 
     #[instrument(level = "debug", skip(self, entry), fields(cluster = %self.cluster_id, silo = %entry.address, version = new_version.version, applied))]
@@ -309,6 +368,7 @@ impl MembershipTable for CassandraMembershipTable {
         }
         self.write_entry("update_row", entry, Some(row_etag), new_version)
             .await
+            .map_err(|e| self.named(e))
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, silo = %address, outcome))]
@@ -317,16 +377,20 @@ impl MembershipTable for CassandraMembershipTable {
         address: &SiloAddress,
         time: Timestamp,
     ) -> Result<HeartbeatOutcome> {
-        self.heartbeat(address, time).await
+        self.heartbeat(address, time)
+            .await
+            .map_err(|e| self.named(e))
     }
 
     #[instrument(level = "info", skip(self), fields(cluster = %self.cluster_id, removed))]
     async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize> {
-        self.cleanup(before).await
+        self.cleanup(before).await.map_err(|e| self.named(e))
     }
 
     #[instrument(level = "info", skip(self), fields(service = %self.service_id()))]
     async fn delete_cluster(&self, cluster_id: &str) -> Result<()> {
-        self.delete_partition(cluster_id).await
+        self.delete_partition(cluster_id)
+            .await
+            .map_err(|e| self.named(e))
     }
 }

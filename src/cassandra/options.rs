@@ -103,6 +103,15 @@ pub struct CassandraClusteringOptions {
     /// Client-side timeout of each statement. Default 10 s.
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
+    /// How long [`crate::CassandraMembershipTable::connect`] may take in all: TCP, the CQL
+    /// handshake, authentication and the driver's first metadata fetch. Default 5 s.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// How long `initialize` waits for one schema change (`CREATE KEYSPACE` / `CREATE TABLE` /
+    /// `ALTER TABLE`, which the driver follows with a schema-agreement wait) and for each
+    /// explicit schema-agreement wait. Default 30 s.
+    #[serde(with = "humantime_serde")]
+    pub schema_timeout: Duration,
     /// Rows per page when reading a cluster. Default 1000.
     pub page_size: u32,
     /// Credentials; default none.
@@ -136,6 +145,8 @@ impl Default for CassandraClusteringOptions {
             cluster_id: "default".into(),
             consistency: ConsistencyProfile::Quorum,
             request_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            schema_timeout: Duration::from_secs(30),
             page_size: 1000,
             credentials: None,
             ttl: false,
@@ -204,6 +215,18 @@ impl CassandraClusteringOptions {
     /// Sets the request timeout.
     pub fn request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets the connect timeout.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets the schema-change timeout.
+    pub fn schema_timeout(mut self, timeout: Duration) -> Self {
+        self.schema_timeout = timeout;
         self
     }
 
@@ -337,6 +360,22 @@ impl CassandraClusteringOptions {
             return Err(MembershipError::config(
                 "request_timeout",
                 "must be at least 100ms",
+            ));
+        }
+        if self.connect_timeout < Duration::from_millis(100)
+            || self.connect_timeout > Duration::from_secs(3600)
+        {
+            return Err(MembershipError::config(
+                "connect_timeout",
+                "must be between 100ms and 1h",
+            ));
+        }
+        if self.schema_timeout < Duration::from_millis(100)
+            || self.schema_timeout > Duration::from_secs(3600)
+        {
+            return Err(MembershipError::config(
+                "schema_timeout",
+                "must be between 100ms and 1h",
             ));
         }
         if self.page_size < 10 || self.page_size > 100_000 {

@@ -67,10 +67,8 @@ impl CassandraMembershipTable {
 
     async fn ensure_schema(&self) -> Result<()> {
         let o = self.opts();
-        let session = self.session_ref();
         if let Some(replication) = &o.create_keyspace_with_replication {
-            session
-                .query_unpaged(create_keyspace_cql(&o.keyspace, replication), ())
+            self.query_bounded(create_keyspace_cql(&o.keyspace, replication), ())
                 .await
                 .map_err(|e| to_error("initialize", e))?;
             self.await_schema_agreement().await?;
@@ -92,8 +90,7 @@ impl CassandraMembershipTable {
                 o.ttl_seconds().unwrap_or(0),
                 o.gc_grace.as_secs(),
             );
-            session
-                .query_unpaged(ddl, ())
+            self.query_bounded(ddl, ())
                 .await
                 .map_err(|e| to_error("initialize", e))?;
         }
@@ -112,21 +109,46 @@ impl CassandraMembershipTable {
         self.check_columns().await
     }
 
+    /// Waits for schema agreement, at most `schema_timeout` (the driver's own bound is the
+    /// session's, 60 s by default, or whatever a host's session says).
     pub(super) async fn await_schema_agreement(&self) -> Result<()> {
-        self.session_ref()
-            .await_schema_agreement()
-            .await
-            .map(|_| ())
-            .map_err(|e| MembershipError::Unavailable {
+        let limit = self.opts().schema_timeout;
+        match tokio::time::timeout(limit, self.session_ref().await_schema_agreement()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(MembershipError::Unavailable {
                 operation: "initialize",
                 source: Box::new(e),
-            })
+            }),
+            Err(_) => Err(MembershipError::Timeout {
+                operation: "initialize",
+                source: format!("no schema agreement within schema_timeout ({limit:?})").into(),
+            }),
+        }
+    }
+
+    /// An unprepared statement with the provider's timeouts, whatever the session's defaults:
+    /// `request_timeout` for the request; a schema change, which the driver follows with a
+    /// schema-agreement wait the request timeout does not cover, at most `schema_timeout` in all.
+    pub(super) async fn query_bounded(
+        &self,
+        cql: impl Into<String>,
+        values: impl scylla::serialize::row::SerializeRow,
+    ) -> std::result::Result<
+        scylla::response::query_result::QueryResult,
+        scylla::errors::ExecutionError,
+    > {
+        let o = self.opts();
+        let mut statement = scylla::statement::unprepared::Statement::new(cql.into());
+        statement.set_request_timeout(Some(o.request_timeout));
+        let limit = o.request_timeout.max(o.schema_timeout);
+        tokio::time::timeout(limit, self.session_ref().query_unpaged(statement, values))
+            .await
+            .unwrap_or(Err(scylla::errors::ExecutionError::RequestTimeout(limit)))
     }
 
     async fn keyspace_exists(&self) -> Result<bool> {
         let result = self
-            .session_ref()
-            .query_unpaged(
+            .query_bounded(
                 "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",
                 (&self.opts().keyspace,),
             )
@@ -142,8 +164,7 @@ impl CassandraMembershipTable {
     pub(super) async fn table_settings(&self) -> Result<Option<(i32, i32)>> {
         let o = self.opts();
         let result = self
-            .session_ref()
-            .query_unpaged(
+            .query_bounded(
                 "SELECT default_time_to_live, gc_grace_seconds FROM system_schema.tables \
                  WHERE keyspace_name = ? AND table_name = ?",
                 (&o.keyspace, &o.table),
@@ -161,8 +182,7 @@ impl CassandraMembershipTable {
     async fn check_columns(&self) -> Result<()> {
         let o = self.opts();
         let result = self
-            .session_ref()
-            .query_unpaged(
+            .query_bounded(
                 "SELECT column_name, type, kind FROM system_schema.columns WHERE keyspace_name = ? AND table_name = ?",
                 (&o.keyspace, &o.table),
             )

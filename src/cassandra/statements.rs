@@ -7,6 +7,7 @@ use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::{Consistency, SerialConsistency};
 
+use super::driver_errors::{ProviderRetryPolicy, StatementKind};
 use super::options::ConsistencyProfile;
 
 pub(crate) const CREATE_KEYSPACE: &str = include_str!("../../cql/create_keyspace.cql");
@@ -128,18 +129,22 @@ impl Statements {
         profile: ConsistencyProfile,
         request_timeout: std::time::Duration,
         page_size: u32,
-    ) -> Result<Statements, scylla::errors::PrepareError> {
+    ) -> Result<Statements, PrepareFailure> {
         let (commit, serial) = levels(profile);
         let prep = |cql: &'static str, read_level: Consistency| {
             let text = bind_table(cql, qualified_table);
             async move {
-                let mut p = session.prepare(text).await?;
+                // Preparing has no timeout of its own in the driver.
+                let mut p = tokio::time::timeout(request_timeout, session.prepare(text))
+                    .await
+                    .map_err(|_| PrepareFailure::Timeout)??;
                 p.set_consistency(read_level);
                 p.set_serial_consistency(Some(serial));
                 p.set_request_timeout(Some(request_timeout));
                 // Conditional writes are never idempotent: a retry could apply twice.
                 p.set_is_idempotent(false);
-                Ok::<_, scylla::errors::PrepareError>(p)
+                p.set_retry_policy(Some(retry_policy(StatementKind::Conditional)));
+                Ok::<_, PrepareFailure>(p)
             }
         };
         let serial_read = match serial {
@@ -151,11 +156,9 @@ impl Statements {
         let update_entry = prep(UPDATE_ENTRY, commit).await?;
         let write_version = prep(WRITE_VERSION, commit).await?;
         let rewrite_entry = prep(REWRITE_ENTRY, commit).await?;
-        let mut heartbeat = prep(HEARTBEAT, commit).await?;
         // A heartbeat is a plain write with an explicit timestamp: repeating it is harmless.
-        heartbeat.set_is_idempotent(true);
-        let mut delete_heartbeat_before = prep(DELETE_HEARTBEAT_BEFORE, commit).await?;
-        delete_heartbeat_before.set_is_idempotent(true);
+        let heartbeat = idempotent(prep(HEARTBEAT, commit).await?);
+        let delete_heartbeat_before = idempotent(prep(DELETE_HEARTBEAT_BEFORE, commit).await?);
         Ok(Statements {
             init_version: prep(INIT_VERSION, commit).await?,
             read_statics: idempotent(prep(READ_STATICS, serial_read).await?),
@@ -191,9 +194,26 @@ impl Statements {
     }
 }
 
+/// Why the statements could not be prepared.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PrepareFailure {
+    /// The node refused a statement (the table is missing or has another shape).
+    #[error(transparent)]
+    Refused(#[from] scylla::errors::PrepareError),
+    /// No answer within the request timeout.
+    #[error("preparing a statement took longer than the request timeout")]
+    Timeout,
+}
+
 fn idempotent(mut p: PreparedStatement) -> PreparedStatement {
     p.set_is_idempotent(true);
+    p.set_retry_policy(Some(retry_policy(StatementKind::Idempotent)));
     p
+}
+
+/// Set on each statement, so it holds on a host's own session whatever its default policy.
+fn retry_policy(kind: StatementKind) -> std::sync::Arc<dyn scylla::policies::retry::RetryPolicy> {
+    std::sync::Arc::new(ProviderRetryPolicy(kind))
 }
 
 fn levels(profile: ConsistencyProfile) -> (Consistency, SerialConsistency) {
@@ -219,5 +239,7 @@ fn batch<'a>(
     b.set_serial_consistency(Some(serial));
     b.set_request_timeout(Some(request_timeout));
     b.set_is_idempotent(false);
+    // A batch's own policy, not its statements', decides its retries.
+    b.set_retry_policy(Some(retry_policy(StatementKind::Conditional)));
     b
 }

@@ -32,24 +32,79 @@ pub(super) fn parse_etag(etag: &ETag) -> Option<Option<Uuid>> {
     }
 }
 
-fn applied(result: scylla::response::query_result::QueryResult) -> Result<bool> {
+/// A conditional write's answer: `[applied]`, and on failure the current values of the
+/// conditioned tags (Cassandra returns them after `[applied]`; ScyllaDB returns one row per
+/// batch statement with every column), read by column name.
+#[derive(Debug, Default)]
+pub(super) struct CasReply {
+    pub(super) applied: bool,
+    /// Every `etag` value the reply carried.
+    pub(super) etags: Vec<Uuid>,
+    /// Every `version_etag` value the reply carried.
+    pub(super) version_etags: Vec<Uuid>,
+}
+
+impl CasReply {
+    /// True if the write carrying these fresh tags took effect: `[applied]`, or a reply
+    /// `[applied] = false` that shows our own tags. Paxos answers that when it completed our
+    /// pre-empted proposal before checking the condition again, now against our own write;
+    /// the tags are random and issued once, so seeing them proves the write applied.
+    pub(super) fn took_effect(&self, row_etag: Option<Uuid>, version_etag: Uuid) -> bool {
+        self.applied
+            || self.version_etags.contains(&version_etag)
+            || row_etag.is_some_and(|e| self.etags.contains(&e))
+    }
+}
+
+fn cas_reply(result: scylla::response::query_result::QueryResult) -> Result<CasReply> {
     let rows = result.into_rows_result().map_err(|e| {
         MembershipError::corrupt(
             None,
             format!("conditional write returned no [applied] row: {e}"),
         )
     })?;
-    let first: Option<Row> = rows
-        .maybe_first_row::<Row>()
-        .map_err(|e| MembershipError::corrupt(None, format!("unreadable [applied] row: {e}")))?;
-    // Cassandra and ScyllaDB return different extra columns; only the first one, [applied], counts.
-    match first.and_then(|r| r.columns.into_iter().next()) {
-        Some(Some(CqlValue::Boolean(b))) => Ok(b),
-        other => Err(MembershipError::corrupt(
-            None,
-            format!("unexpected [applied] column: {other:?}"),
-        )),
+    let names: Vec<String> = rows
+        .column_specs()
+        .iter()
+        .map(|c| c.name().to_owned())
+        .collect();
+    let column = |name: &str| names.iter().position(|n| n == name);
+    let (applied_at, etag_at, version_etag_at) =
+        (column("[applied]"), column("etag"), column("version_etag"));
+    let mut reply = CasReply::default();
+    let mut seen_applied = None;
+    for row in rows
+        .rows::<Row>()
+        .map_err(|e| MembershipError::corrupt(None, format!("unreadable [applied] row: {e}")))?
+    {
+        let row = row.map_err(|e| {
+            MembershipError::corrupt(None, format!("unreadable [applied] row: {e}"))
+        })?;
+        let value = |at: Option<usize>| at.and_then(|i| row.columns.get(i).cloned().flatten());
+        // ScyllaDB repeats [applied] in every row; any row names the batch's outcome.
+        match value(applied_at.or(Some(0))) {
+            Some(CqlValue::Boolean(b)) => seen_applied = Some(b),
+            other => {
+                return Err(MembershipError::corrupt(
+                    None,
+                    format!("unexpected [applied] column: {other:?}"),
+                ));
+            }
+        }
+        if let Some(CqlValue::Uuid(u)) = value(etag_at) {
+            reply.etags.push(u);
+        }
+        if let Some(CqlValue::Uuid(u)) = value(version_etag_at) {
+            reply.version_etags.push(u);
+        }
     }
+    reply.applied = seen_applied
+        .ok_or_else(|| MembershipError::corrupt(None, "conditional write returned no rows"))?;
+    Ok(reply)
+}
+
+fn applied(result: scylla::response::query_result::QueryResult) -> Result<bool> {
+    cas_reply(result).map(|r| r.applied)
 }
 
 impl CassandraMembershipTable {
@@ -61,6 +116,32 @@ impl CassandraMembershipTable {
         bump(&self.shared.counters.conditional_writes);
         match self.session_ref().batch(batch, values).await {
             Ok(r) => Ok(applied(r)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A conditional batch whose reply must be read in full (see [`CasReply`]).
+    pub(super) async fn exec_cas_batch(
+        &self,
+        batch: &Batch,
+        values: impl scylla::serialize::batch::BatchValues,
+    ) -> std::result::Result<Result<CasReply>, ExecutionError> {
+        bump(&self.shared.counters.conditional_writes);
+        match self.session_ref().batch(batch, values).await {
+            Ok(r) => Ok(cas_reply(r)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A conditional statement whose reply must be read in full (see [`CasReply`]).
+    pub(super) async fn exec_cas(
+        &self,
+        statement: &scylla::statement::prepared::PreparedStatement,
+        values: impl scylla::serialize::row::SerializeRow,
+    ) -> std::result::Result<Result<CasReply>, ExecutionError> {
+        bump(&self.shared.counters.conditional_writes);
+        match self.session_ref().execute_unpaged(statement, values).await {
+            Ok(r) => Ok(cas_reply(r)),
             Err(e) => Err(e),
         }
     }
@@ -153,8 +234,16 @@ impl CassandraMembershipTable {
         row_etag: Option<&ETag>,
         new_version: &TableVersion,
     ) -> Result<bool> {
+        // Versions come from `read().version.next()`: one past i64::MAX means the stored
+        // version is at the maximum, which no write of this provider produces.
         let version = i64::try_from(new_version.version).map_err(|_| {
-            MembershipError::config("new_version.version", "does not fit a CQL bigint")
+            MembershipError::corrupt(
+                None,
+                format!(
+                    "the table version cannot move on: {} does not fit a CQL bigint (the stored version is at its maximum)",
+                    new_version.version
+                ),
+            )
         })?;
         let (Some(expected), Some(expected_row)) =
             (parse_etag(&new_version.etag), row_etag.and_then(parse_etag))
@@ -189,8 +278,8 @@ impl CassandraMembershipTable {
         w: VersionedWrite<'_>,
     ) -> Result<bool> {
         let sent_at = Timestamp::now();
-        let applied = match self.exec_conditional_batch(batch, values).await {
-            Ok(r) => r?,
+        let applied = match self.exec_cas_batch(batch, values).await {
+            Ok(r) => r?.took_effect(Some(w.new_row_etag), w.new_version_etag),
             Err(e) if may_have_applied(&e) => self.resolve(&w, e).await?,
             Err(e) => return Err(to_error(w.operation, e)),
         };
@@ -220,10 +309,10 @@ impl CassandraMembershipTable {
                 return Err(unknown(format!("the re-read failed too: {read_err}"), err));
             }
         };
-        let current_version_etag = match &found {
-            Some((_, v)) => parse_etag(&v.etag).flatten(),
+        let (current_version, current_version_etag) = match &found {
+            Some((_, v)) => (i64::try_from(v.version).ok(), parse_etag(&v.etag).flatten()),
             None => match self.read_statics(self.pk()).await {
-                Ok(s) => s.version_etag,
+                Ok(s) => (s.version, s.version_etag),
                 Err(read_err) => {
                     return Err(unknown(format!("the re-read failed too: {read_err}"), err));
                 }
@@ -237,13 +326,61 @@ impl CassandraMembershipTable {
             return Ok(true);
         }
         if current_version_etag == expected_version {
-            // Version tags are never reused, so the version never moved: the write did not apply.
-            info!(operation, silo = %address, "ambiguous conditional write had not applied");
-            return Ok(false);
+            // Not applied *yet*: the request may still be queued at a coordinator, or a
+            // coordinator may be retrying contention, and apply later. Fence it off.
+            return self.fence(w, current_version.unwrap_or(0), err).await;
         }
         Err(unknown(
             "the table changed since; whether this write applied cannot be told".into(),
             err,
         ))
+    }
+
+    /// Moves the version tag away from the one the write expects — same version number, same
+    /// entries, a fresh tag — so that the write, wherever it still is, can no longer apply.
+    /// Applied: the write did not and never will (`false`). Not applied: the reply's tag tells
+    /// whether ours got there first (`true`); anything else is someone else's write, and whether
+    /// ours applied before it cannot be told (`OutcomeUnknown`).
+    async fn fence(
+        &self,
+        w: &VersionedWrite<'_>,
+        current_version: i64,
+        err: ExecutionError,
+    ) -> Result<bool> {
+        let (operation, address) = (w.operation, &w.entry.address);
+        let unknown = |detail: String, err: ExecutionError| MembershipError::OutcomeUnknown {
+            operation,
+            detail,
+            source: Box::new(err),
+        };
+        let st = self.statements().await?;
+        // The fence keeps the version number: readers see the same version and entries.
+        let values = self.version_values(current_version, Uuid::new_v4(), w.expected_version);
+        match self.exec_cas(&st.write_version, values).await {
+            Ok(Ok(reply)) if reply.applied => {
+                info!(operation, silo = %address, "ambiguous conditional write fenced off: it did not apply");
+                Ok(false)
+            }
+            Ok(Ok(reply)) if reply.version_etags.contains(&w.new_version_etag) => {
+                info!(operation, silo = %address, "ambiguous conditional write had applied");
+                Ok(true)
+            }
+            Ok(Ok(_)) => match self.read_one(address, true).await {
+                Ok(Some((row, _, _))) if row.etag == w.new_row_etag => Ok(true),
+                Ok(_) => Err(unknown(
+                    "another write moved the table before the fence; whether this write applied first cannot be told".into(),
+                    err,
+                )),
+                Err(read_err) => Err(unknown(format!("the re-read failed too: {read_err}"), err)),
+            },
+            Ok(Err(reply_err)) => Err(unknown(
+                format!("the fence's reply was unreadable: {reply_err}"),
+                err,
+            )),
+            Err(fence_err) => Err(unknown(
+                format!("the fence failed too: {fence_err}"),
+                err,
+            )),
+        }
     }
 }

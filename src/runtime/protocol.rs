@@ -20,11 +20,19 @@ async fn pause(round: u32) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
-/// Inserts `entry` (retrying version conflicts). Errors if the address already has a row.
+/// Inserts `entry` (retrying version conflicts). Errors if the address already has a row of
+/// another incarnation (another start time) or a Dead one. Retrying after `OutcomeUnknown` is
+/// safe: a row of this very incarnation is recognised as the earlier attempt's insert.
 pub async fn join(table: &dyn MembershipTable, entry: &MembershipEntry) -> Result<()> {
     for round in 0..MAX_ROUNDS {
         let snapshot = table.read_all().await?;
-        if snapshot.get(&entry.address).is_some() {
+        if let Some(row) = snapshot.get(&entry.address) {
+            // Our own incarnation (same address, generation and start time): an earlier attempt
+            // whose outcome was unknown had inserted it. Continue, unless it was declared Dead.
+            if row.entry.start_time == entry.start_time && row.entry.status != SiloStatus::Dead {
+                info!(cluster = table.cluster_id(), silo = %entry.address, "joined (an earlier attempt had inserted the entry)");
+                return Ok(());
+            }
             return Err(MembershipError::config(
                 "entry.address",
                 format!(

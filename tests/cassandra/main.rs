@@ -4,8 +4,10 @@
 
 mod utils;
 
+mod bounded;
 mod conformance;
 mod expiry;
+mod faults;
 mod outcomes;
 mod provider;
 mod runtime;

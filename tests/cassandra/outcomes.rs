@@ -20,8 +20,12 @@ use scylla_proxy::{
 use crate::utils::{contact_points, options, session_with_keyspace, unique};
 
 /// A proxy in front of the first contact point, and a table whose session goes through it.
-async fn proxied(cluster: &str) -> (RunningProxy, CassandraMembershipTable) {
-    session_with_keyspace().await; // the keyspace exists
+pub(crate) async fn proxied(cluster: &str) -> (RunningProxy, CassandraMembershipTable) {
+    proxied_with(cluster, |b| b).await
+}
+
+/// A running proxy in front of the first contact point: (proxy, its address, the real address).
+pub(crate) async fn start_proxy() -> (RunningProxy, SocketAddr, SocketAddr) {
     let real: SocketAddr = contact_points()[0]
         .parse()
         .expect("contact point is ip:port");
@@ -38,12 +42,24 @@ async fn proxied(cluster: &str) -> (RunningProxy, CassandraMembershipTable) {
         .run()
         .await
         .expect("proxy starts");
-    let session = SessionBuilder::new()
-        .known_node_addr(proxy_addr)
-        .address_translator(Arc::new(HashMap::from([(real, proxy_addr)])))
-        .build()
-        .await
-        .expect("session through the proxy");
+    (proxy, proxy_addr, real)
+}
+
+/// [`proxied`] with a host's own session settings (e.g. its own retry policy).
+pub(crate) async fn proxied_with(
+    cluster: &str,
+    host: impl FnOnce(SessionBuilder) -> SessionBuilder,
+) -> (RunningProxy, CassandraMembershipTable) {
+    session_with_keyspace().await; // the keyspace exists
+    let (proxy, proxy_addr, real) = start_proxy().await;
+    let session = host(
+        SessionBuilder::new()
+            .known_node_addr(proxy_addr)
+            .address_translator(Arc::new(HashMap::from([(real, proxy_addr)]))),
+    )
+    .build()
+    .await
+    .expect("session through the proxy");
     let table = CassandraMembershipTable::with_session(
         Arc::new(session),
         options(cluster).request_timeout(Duration::from_millis(1500)),
@@ -73,7 +89,7 @@ fn cas_write_timeout() -> DbError {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cas_timeout_before_the_node_is_resolved_as_not_applied() {
+async fn a_cas_timeout_before_the_node_is_fenced_and_resolved_as_not_applied() {
     let (mut proxy, table) = proxied(&unique("cas-timeout")).await;
     let v = table.read_all().await.unwrap().version;
     let e = new_entry(Timestamp::now());
@@ -96,9 +112,16 @@ async fn a_cas_timeout_before_the_node_is_resolved_as_not_applied() {
     );
     let s = table.read_all().await.unwrap();
     assert!(s.rows.is_empty());
-    assert_eq!(s.version, v);
-    // The same insert, now let through, applies.
-    assert!(table.insert_row(&e, &v.next()).await.unwrap());
+    // The answer is final because the provider fenced the write off: same version number,
+    // a fresh version tag, so the write can no longer apply wherever it still is.
+    assert_eq!(s.version.version, v.version);
+    assert_ne!(s.version.etag, v.etag);
+    assert!(
+        !table.insert_row(&e, &v.next()).await.unwrap(),
+        "fenced off"
+    );
+    // The same insert on the current version applies.
+    assert!(table.insert_row(&e, &s.version.next()).await.unwrap());
     drop(table);
     drop(proxy);
 }

@@ -1,0 +1,271 @@
+//! Every answer the node and the network can give a conditional write, forged or provoked with a
+//! proxy between the driver and the real node: the provider's answer is checked against what the
+//! table then shows — never `false` (or a plain error) while the write is visible.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cassandra_membership::conformance::new_entry;
+use cassandra_membership::runtime::protocol;
+use cassandra_membership::{MembershipEntry, MembershipError, MembershipTable, Timestamp};
+use scylla::client::execution_profile::ExecutionProfile;
+use scylla::errors::DbError;
+use scylla::policies::retry::{RequestInfo, RetryDecision, RetryPolicy, RetrySession};
+use scylla::statement::Consistency;
+use scylla_proxy::{
+    Condition, Reaction, RequestFrame, RequestOpcode, RequestReaction, RequestRule, ResponseFrame,
+    ResponseReaction, ResponseRule, RunningProxy,
+};
+
+use crate::outcomes::{proxied, proxied_with};
+use crate::utils::{KEYSPACE, session_with_keyspace, unique};
+
+/// The conditional batch writing `e`'s row.
+fn batch_for(e: &MembershipEntry) -> Condition {
+    Condition::RequestOpcode(RequestOpcode::Batch).and(Condition::BodyContainsCaseSensitive(
+        e.address.to_string().into_bytes().into(),
+    ))
+}
+
+/// The node's answer to a conditional write.
+fn applied_reply() -> Condition {
+    Condition::BodyContainsCaseSensitive(b"[applied]".to_vec().into())
+}
+
+fn unavailable() -> DbError {
+    DbError::Unavailable {
+        consistency: Consistency::Serial,
+        required: 1,
+        alive: 0,
+    }
+}
+
+/// The node's next answer to a conditional write is replaced by `error`: the write applied, the
+/// client hears otherwise.
+fn replace_next_answer(proxy: &mut RunningProxy, error: DbError) {
+    proxy.running_nodes[0].change_response_rules(Some(vec![ResponseRule(
+        applied_reply().and(Condition::TrueForLimitedTimes(1)),
+        ResponseReaction::transform_frame(Arc::new(move |r: ResponseFrame| {
+            ResponseFrame::forged_error(r.params, error.clone(), None).expect("valid error")
+        })),
+    )]));
+}
+
+/// How many conditional batches for `e` reach the node from now on.
+fn count_batches(proxy: &mut RunningProxy, e: &MembershipEntry) -> Arc<AtomicUsize> {
+    let sent = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&sent);
+    proxy.running_nodes[0].change_request_rules(Some(vec![RequestRule(
+        batch_for(e),
+        RequestReaction::transform_frame(Arc::new(move |f: RequestFrame| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            f
+        })),
+    )]));
+    sent
+}
+
+async fn visible(table: &dyn MembershipTable, e: &MembershipEntry) -> bool {
+    !table.read_row(&e.address).await.unwrap().rows.is_empty()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_applied_false_reply_carrying_our_own_tags_is_reported_as_applied() {
+    let (mut proxy, table) = proxied(&unique("own-tags")).await;
+    let v = table.read_all().await.unwrap().version;
+    let e = new_entry(Timestamp::now());
+    // The node applies the batch; its reply is dropped and the proxy sends the same proposal
+    // again. The node then checks the conditions against our own write and answers
+    // `[applied] = false` with the tags we wrote — what a Paxos round that completed our
+    // pre-empted proposal answers.
+    let sent: Arc<Mutex<Option<RequestFrame>>> = Arc::default();
+    let keep = Arc::clone(&sent);
+    proxy.running_nodes[0].change_request_rules(Some(vec![RequestRule(
+        batch_for(&e).and(Condition::TrueForLimitedTimes(1)),
+        RequestReaction::transform_frame(Arc::new(move |f: RequestFrame| {
+            *keep.lock().unwrap() = Some(f.clone());
+            f
+        })),
+    )]));
+    let replay = Arc::clone(&sent);
+    proxy.running_nodes[0].change_response_rules(Some(vec![ResponseRule(
+        applied_reply().and(Condition::TrueForLimitedTimes(1)),
+        ResponseReaction::forge_response(Arc::new(move |_: ResponseFrame| {
+            replay
+                .lock()
+                .unwrap()
+                .clone()
+                .expect("the batch went through")
+        })),
+    )]));
+    let outcome = table.insert_row(&e, &v.next()).await;
+    assert!(sent.lock().unwrap().is_some(), "the batch was replayed");
+    assert!(visible(&table, &e).await, "the write applied");
+    assert!(
+        matches!(outcome, Ok(true)),
+        "our own write is visible, so the answer must be true: {outcome:?}"
+    );
+    drop(table);
+    drop(proxy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_still_queued_after_the_client_gave_up_can_no_longer_apply_once_reported_false() {
+    let (mut proxy, table) = proxied(&unique("late-write")).await;
+    let v = table.read_all().await.unwrap().version;
+    let e = new_entry(Timestamp::now());
+    // The batch sits in the network for 4 s; the client gives up after 1.5 s and decides the
+    // outcome while the write has not reached the node yet — and then it does.
+    proxy.running_nodes[0].change_request_rules(Some(vec![RequestRule(
+        batch_for(&e).and(Condition::TrueForLimitedTimes(1)),
+        RequestReaction::delay(Duration::from_secs(4)),
+    )]));
+    let started = Instant::now();
+    let outcome = table.insert_row(&e, &v.next()).await;
+    let took = started.elapsed();
+    tokio::time::sleep_until((started + Duration::from_secs(6)).into()).await;
+    let now_visible = visible(&table, &e).await;
+    match &outcome {
+        Ok(false) => assert!(
+            !now_visible,
+            "reported false, but the write applied after the answer (took {took:?})"
+        ),
+        Ok(true) => assert!(now_visible),
+        Err(err) => assert!(err.is_outcome_unknown(), "{err}"),
+    }
+    // With the fence, the answer is definite: false, and the late write failed its condition.
+    assert!(matches!(outcome, Ok(false)), "{outcome:?}");
+    let after = table.read_all().await.unwrap().version;
+    assert_eq!(
+        after.version, v.version,
+        "the fence keeps the version number"
+    );
+    assert_ne!(after.etag, v.etag, "the fence moved the version tag");
+    drop(table);
+    drop(proxy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unavailable_after_the_write_applied_is_not_reported_as_not_applied() {
+    let (mut proxy, table) = proxied(&unique("unavailable")).await;
+    let v = table.read_all().await.unwrap().version;
+    let e = new_entry(Timestamp::now());
+    // Paxos can throw Unavailable in its commit phase, after the proposal was accepted.
+    replace_next_answer(&mut proxy, unavailable());
+    let outcome = table.insert_row(&e, &v.next()).await;
+    assert!(visible(&table, &e).await, "the write applied");
+    assert!(
+        matches!(outcome, Ok(true)),
+        "the write is visible: never false, never a plain error: {outcome:?}"
+    );
+    drop(table);
+    drop(proxy);
+}
+
+/// A host's own retry policy that retries every failure once on the same node.
+#[derive(Debug)]
+struct RetryEverythingOnce;
+
+struct RetryEverythingOnceSession(bool);
+
+impl RetryPolicy for RetryEverythingOnce {
+    fn new_session(&self) -> Box<dyn RetrySession> {
+        Box::new(RetryEverythingOnceSession(false))
+    }
+}
+
+impl RetrySession for RetryEverythingOnceSession {
+    fn decide_should_retry(&mut self, _: RequestInfo) -> RetryDecision {
+        if std::mem::replace(&mut self.0, true) {
+            RetryDecision::DontRetry
+        } else {
+            RetryDecision::RetrySameTarget(None)
+        }
+    }
+    fn reset(&mut self) {
+        self.0 = false;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hosts_retrying_session_never_resends_a_conditional_write() {
+    let (mut proxy, table) = proxied_with(&unique("host-retry"), |b| {
+        b.default_execution_profile_handle(
+            ExecutionProfile::builder()
+                .retry_policy(Arc::new(RetryEverythingOnce))
+                .build()
+                .into_handle(),
+        )
+    })
+    .await;
+    let v = table.read_all().await.unwrap().version;
+    let e = new_entry(Timestamp::now());
+    let sent = count_batches(&mut proxy, &e);
+    replace_next_answer(&mut proxy, unavailable());
+    let outcome = table.insert_row(&e, &v.next()).await;
+    assert_eq!(sent.load(Ordering::SeqCst), 1, "the batch was sent once");
+    assert!(visible(&table, &e).await, "the write applied");
+    assert!(matches!(outcome, Ok(true)), "{outcome:?}");
+    drop(table);
+    drop(proxy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_whose_insert_had_an_unknown_outcome_can_be_retried() {
+    let (mut proxy, table) = proxied(&unique("join-retry")).await;
+    let e = new_entry(Timestamp::now());
+    // The join's insert (after its read): it applies, its answer is lost (Unavailable), and the
+    // re-reads that would resolve it fail too — the caller gets OutcomeUnknown.
+    let v = table.read_all().await.unwrap().version;
+    replace_next_answer(&mut proxy, unavailable());
+    proxy.running_nodes[0].change_request_rules(Some(vec![RequestRule(
+        Condition::RequestOpcode(RequestOpcode::Execute),
+        RequestReaction::forge_with_error(unavailable()),
+    )]));
+    let first = table.insert_row(&e, &v.next()).await;
+    assert!(
+        first
+            .as_ref()
+            .is_err_and(MembershipError::is_outcome_unknown),
+        "{first:?}"
+    );
+    proxy.running_nodes[0].change_request_rules(None);
+    proxy.running_nodes[0].change_response_rules(None);
+    assert!(visible(&table, &e).await, "the insert had applied");
+    // The caller retries the join with the same entry.
+    protocol::join(&table, &e)
+        .await
+        .expect("retrying the join of the same incarnation continues");
+    let s = table.read_all().await.unwrap();
+    assert_eq!(s.rows.len(), 1);
+    assert_eq!(s.version.version, 1, "the retry wrote nothing more");
+    // Another incarnation at the same address (another start time) is still refused.
+    let mut other = e.clone();
+    other.start_time = e.start_time.saturating_add(Duration::from_secs(1));
+    assert!(protocol::join(&table, &other).await.is_err());
+    drop(table);
+    drop(proxy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_version_at_its_maximum_is_corrupt_data() {
+    let s = session_with_keyspace().await;
+    let (_proxy, table) = proxied(&unique("max-version")).await;
+    s.query_unpaged(
+        format!(
+            "UPDATE {KEYSPACE}.membership SET version = ?, version_etag = ? \
+             WHERE service_id = 'test-service' AND cluster_id = ?"
+        ),
+        (i64::MAX, uuid::Uuid::new_v4(), table.cluster_id()),
+    )
+    .await
+    .unwrap();
+    let v = table.read_all().await.unwrap().version;
+    let e = new_entry(Timestamp::now());
+    let err = table.insert_row(&e, &v.next()).await.unwrap_err();
+    assert!(
+        matches!(err, MembershipError::CorruptData { .. }),
+        "a version that cannot move on is corrupt data: {err}"
+    );
+}
