@@ -2,6 +2,9 @@
 # Runs Apache Cassandra 5.0 from Maven Central artifacts on Java 17, on loopback, for tests and the demo.
 #
 #   scripts/cassandra.sh start [N]   start N nodes (1..3) on 127.0.0.1..127.0.0.N, or reuse running ones
+#                                    (CASSANDRA_FIRST_NODE=K numbers them K..K+N-1, on 127.0.0.K...)
+#   scripts/cassandra.sh kill I | pause I | resume I   SIGKILL / SIGSTOP / SIGCONT node I (fault tests)
+#   scripts/cassandra.sh restart I   start node I again on its existing data (after kill)
 #   scripts/cassandra.sh stop [I]    stop the nodes this script started (or only node I)
 #   scripts/cassandra.sh status      print which nodes answer CQL
 #   scripts/cassandra.sh nodetool I ARGS...   run nodetool against node I (JMX on 127.0.0.1:7199+I)
@@ -20,6 +23,9 @@ home=${CASSANDRA_MEMBERSHIP_HOME:-$HOME/.cache/cassandra-membership}
 lib="$home/lib-$version"
 heap=${CASSANDRA_HEAP:-1G}
 start_timeout=${CASSANDRA_START_TIMEOUT:-240}
+first=${CASSANDRA_FIRST_NODE:-1}
+# Cassandra 5.0's Paxos implementation: v1 (the default, as in 4.x) or v2 (fewer round trips).
+paxos_variant=${CASSANDRA_PAXOS_VARIANT:-v1}
 # The TLS + password node: its own one-node cluster on 127.0.0.9 (JMX 7208).
 secure_index=9
 # Protects only a throw-away keystore generated at start under $home, never committed.
@@ -94,9 +100,9 @@ OPTS
 write_config() { # $1 = node index, $2 = node count
   local i=$1 n=$2 seeds token
   local dir="$home/node$i"
-  seeds=$(seq -s, -f '127.0.0.%g' 1 "$n")
+  seeds=$(seq -s, -f '127.0.0.%g' "$first" $((first + n - 1)))
   # Balanced single tokens, the way ccm lays out a local ring: k * (2^64 / n) - 2^63.
-  token=$(python3 -c "print(($i - 1) * (2**64 // $n) - 2**63)" 2>/dev/null || echo "")
+  token=$(python3 -c "print(($i - $first) * (2**64 // $n) - 2**63)" 2>/dev/null || echo "")
   local authenticator=AllowAllAuthenticator authorizer=AllowAllAuthorizer
   if [ "$i" = "$secure_index" ]; then
     # The secure node is a cluster of its own: it seeds itself and owns the whole ring.
@@ -149,6 +155,10 @@ cas_contention_timeout: 5000ms
 request_timeout: 20000ms
 disk_failure_policy: stop
 commit_failure_policy: stop
+paxos_variant: $paxos_variant
+# A killed node's hints are replayed when it comes back (fault tests restart nodes).
+hinted_handoff_enabled: true
+max_hint_window: 3h
 YAML
   if [ "$i" = "$secure_index" ]; then
     cat >>"$dir/conf/cassandra.yaml" <<YAML
@@ -173,8 +183,8 @@ YAML
 XML
 }
 
-start_node() { # $1 = node index, $2 = node count
-  local i=$1 n=$2
+start_node() { # $1 = node index, $2 = node count, $3 = "keep" to start on the node's existing data
+  local i=$1 n=$2 keep=${3:-}
   local dir="$home/node$i"
   if cql_up "127.0.0.$i"; then log "node $i already answers on 127.0.0.$i:9042; reusing it"; return; fi
   # A node that is still shutting down holds its ports for a few seconds.
@@ -184,8 +194,13 @@ start_node() { # $1 = node index, $2 = node count
     [ "$waited" = 0 ] && log "waiting for node $i's ports to be released"
     sleep 1; waited=$((waited + 1))
   done
-  rm -rf "$dir"
-  write_config "$i" "$n"
+  if [ "$keep" = keep ]; then
+    [ -f "$dir/conf/cassandra.yaml" ] || { log "node $i has no data to restart on"; exit 1; }
+    mv "$dir/system.log" "$dir/system.log.$(date +%s)" 2>/dev/null || true
+  else
+    rm -rf "$dir"
+    write_config "$i" "$n"
+  fi
   log "starting node $i on 127.0.0.$i (heap $heap)"
   local opts
   mapfile -t opts < <(java_opts)
@@ -234,7 +249,19 @@ case "$cmd" in
     exec 9>"$home/start.lock"
     flock 9
     resolve
-    for i in $(seq 1 "$n"); do start_node "$i" "$n"; done
+    for i in $(seq "$first" $((first + n - 1))); do start_node "$i" "$n"; done
+    ;;
+  kill|pause|resume)
+    i=${2:?node index}
+    pid=$(cat "$home/node$i/pid" 2>/dev/null) || { log "node $i was not started by this script"; exit 1; }
+    case "$cmd" in kill) sig=KILL ;; pause) sig=STOP ;; resume) sig=CONT ;; esac
+    kill -s "$sig" "$pid"
+    log "sent SIG$sig to node $i (pid $pid)"
+    ;;
+  restart)
+    i=${2:?node index}
+    resolve
+    start_node "$i" 1 keep
     ;;
   start-secure)
     mkdir -p "$home"
@@ -253,6 +280,7 @@ case "$cmd" in
       pid=$(cat "$pidfile")
       if kill -0 "$pid" 2>/dev/null; then
         log "stopping pid $pid ($(dirname "$pidfile"))"
+        kill -CONT "$pid" 2>/dev/null || true # a paused node cannot act on SIGTERM
         kill "$pid"
         for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
         kill -9 "$pid" 2>/dev/null || true
@@ -261,7 +289,7 @@ case "$cmd" in
     done
     ;;
   status)
-    for i in 1 2 3 "$secure_index"; do
+    for i in $(seq "$first" $((first + 2))) "$secure_index"; do
       if cql_up "127.0.0.$i"; then echo "node $i: up (127.0.0.$i:9042)"; else echo "node $i: down"; fi
     done
     ;;
@@ -274,5 +302,5 @@ case "$cmd" in
     exec java "${opts[@]}" -cp "$lib/*" -Dlogback.configurationFile="file://$quiet" org.apache.cassandra.tools.NodeTool \
       -h 127.0.0.1 -p $((7199 + i)) "$@"
     ;;
-  *) log "usage: $0 start [N] | start-secure | stop [I] | status | nodetool I ARGS..."; exit 2 ;;
+  *) log "usage: $0 start [N] | start-secure | stop [I] | status | kill I | pause I | resume I | restart I | nodetool I ARGS..."; exit 2 ;;
 esac
