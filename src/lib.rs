@@ -41,9 +41,9 @@ mod table;
 pub mod conformance;
 
 pub use cassandra::{
-    CassandraClusteringOptions, CassandraMembershipTable, ConsistencyProfile, Credentials,
-    EXPIRY_HORIZON_UNIX_SECONDS, MAX_TTL_SECONDS, PatchAction, RowAudit, StatementCounts, TtlAudit,
-    TtlMismatchPolicy,
+    CassandraClusteringOptions, CassandraMembershipTable, ClusterInspection, ConsistencyProfile,
+    Credentials, EXPIRY_HORIZON_UNIX_SECONDS, EntryInspection, MAX_TTL_SECONDS, PatchAction,
+    RowAudit, StatementCounts, TtlAudit, TtlMismatchPolicy,
 };
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use error::{BoxError, MembershipError, Result};

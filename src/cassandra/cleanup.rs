@@ -1,14 +1,18 @@
-//! Removing data: `cleanup_defunct`, `delete_cluster`, and heartbeat-element deletes.
+//! Removing data: `cleanup_defunct`, `delete_cluster`, and heartbeat-element writes and deletes.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-use tracing::Span;
+use scylla::response::{PagingState, PagingStateResponse};
+use tracing::{Span, warn};
+use uuid::Uuid;
 
 use super::driver_errors::{may_have_applied, to_error};
-use super::rows::merge_heartbeat;
+use super::expiry::{HeartbeatCell, HeartbeatCellsRow};
+use super::rows::{StoredHeartbeat, merge_heartbeat};
 use super::values::{
-    DeleteClusterValues, DeleteEntryValues, DeleteHeartbeatValues, DeleteStaticsValues, Pk, SiloKey,
+    DeleteClusterValues, DeleteEntryValues, DeleteHeartbeatValues, DeleteStaticsValues,
+    HeartbeatValues, Pk, SiloKey,
 };
 use super::{CassandraMembershipTable, MAX_ATTEMPTS, bump};
 use crate::error::{MembershipError, Result};
@@ -17,13 +21,46 @@ use crate::model::{SiloStatus, Timestamp};
 /// Rows per conditional batch in `delete_cluster`.
 const DELETE_CHUNK: usize = 100;
 
+/// A write timestamp Cassandra accepts (it rejects `i64::MIN`).
+fn valid_timestamp(micros: i64) -> i64 {
+    micros.max(i64::MIN + 1)
+}
+
+/// The raw content of a partition: every row key as stored and the version tag as stored.
+struct RawKeys {
+    keys: Vec<String>,
+    version_etag: Option<Uuid>,
+}
+
 impl CassandraMembershipTable {
-    /// Removes a heartbeat element unless a heartbeat newer than `stamp_micros` was written.
-    pub(super) async fn delete_heartbeat(
+    /// The heartbeat elements with their write times and TTLs.
+    pub(super) async fn read_heartbeat_cells(
+        &self,
+        pk: Pk<'_>,
+        operation: &'static str,
+    ) -> Result<Vec<HeartbeatCell>> {
+        let st = self.statements().await?;
+        let result = self
+            .exec_read(operation, &st.read_heartbeats, pk, false)
+            .await?;
+        let rows = result
+            .into_rows_result()
+            .map_err(|e| MembershipError::corrupt(None, format!("heartbeat read: {e}")))?;
+        Ok(rows
+            .maybe_first_row::<HeartbeatCellsRow>()
+            .map_err(|e| self.shape_error(e))?
+            .map(HeartbeatCellsRow::cells)
+            .unwrap_or_default())
+    }
+
+    /// Removes a heartbeat element written at `written_micros` (its own write time, as read):
+    /// a tombstone wins a tie, and any heartbeat written later survives. Whatever time the
+    /// element's value holds (even `i64::MIN`), the delete's timestamp is a valid one.
+    pub(super) async fn delete_heartbeat_cell(
         &self,
         pk: Pk<'_>,
         key: &str,
-        stamp_micros: i64,
+        written_micros: i64,
         operation: &'static str,
     ) -> Result<()> {
         let st = self.statements().await?;
@@ -33,7 +70,7 @@ impl CassandraMembershipTable {
                 &st.delete_heartbeat_before,
                 DeleteHeartbeatValues {
                     silo: key,
-                    write_time_micros: stamp_micros,
+                    write_time_micros: valid_timestamp(written_micros),
                     service_id: pk.service_id,
                     cluster_id: pk.cluster_id,
                 },
@@ -41,6 +78,72 @@ impl CassandraMembershipTable {
             .await
             .map_err(|e| to_error(operation, e))?;
         Ok(())
+    }
+
+    /// Rewrites a heartbeat element unchanged with another TTL, stamped one microsecond after
+    /// its own write time: it replaces that element, a newer heartbeat still wins.
+    pub(super) async fn write_heartbeat_cell(
+        &self,
+        pk: Pk<'_>,
+        key: &str,
+        value: StoredHeartbeat,
+        ttl: i32,
+        written_micros: i64,
+        operation: &'static str,
+    ) -> Result<()> {
+        let (Some(start), Some(time)) = value else {
+            return Ok(());
+        };
+        let st = self.statements().await?;
+        bump(&self.shared.counters.plain_writes);
+        self.session_ref()
+            .execute_unpaged(
+                &st.heartbeat,
+                HeartbeatValues {
+                    ttl,
+                    write_time_micros: valid_timestamp(written_micros.saturating_add(1)),
+                    silo: key,
+                    heartbeat: (start, time),
+                    service_id: pk.service_id,
+                    cluster_id: pk.cluster_id,
+                },
+            )
+            .await
+            .map_err(|e| to_error(operation, e))?;
+        Ok(())
+    }
+
+    /// Every row key of a partition as stored, and the raw version tag, read serially.
+    async fn read_raw_keys(&self, pk: Pk<'_>) -> Result<RawKeys> {
+        let st = self.statements().await?;
+        let mut raw = RawKeys {
+            keys: Vec::new(),
+            version_etag: None,
+        };
+        let mut paging = PagingState::start();
+        loop {
+            bump(&self.shared.counters.serial_reads);
+            let (result, next) = self
+                .session_ref()
+                .execute_single_page(&st.read_keys, pk, paging)
+                .await
+                .map_err(|e| to_error("delete_cluster", e))?;
+            let rows = result
+                .into_rows_result()
+                .map_err(|e| MembershipError::corrupt(None, format!("key read: {e}")))?;
+            for row in rows
+                .rows::<(Option<String>, Option<Uuid>)>()
+                .map_err(|e| self.shape_error(e))?
+            {
+                let (silo, version_etag) = row.map_err(|e| self.shape_error(e))?;
+                raw.version_etag = version_etag;
+                raw.keys.extend(silo);
+            }
+            match next {
+                PagingStateResponse::HasMorePages { state } => paging = state,
+                PagingStateResponse::NoMorePages => return Ok(raw),
+            }
+        }
     }
 
     /// `cleanup_defunct`: conditional deletes of qualifying entries, then empty rows and
@@ -109,48 +212,52 @@ impl CassandraMembershipTable {
             }
         }
         // Heartbeat elements whose row is gone (removed above, or earlier), older than the cutoff.
-        // Each delete is stamped with the element's own time, so a newer heartbeat survives it.
-        // An element of another incarnation (start time differs from the row's) counts as orphaned.
+        // An element of another incarnation (start time differs from the row's) counts as
+        // orphaned; so does a damaged one. Each delete is stamped with the element's own write
+        // time (read just before), so a newer heartbeat survives it — whoever wrote the element.
         let live: HashMap<String, i64> = read
             .entries
             .iter()
             .map(|e| (e.entry.address.to_string(), e.entry.start_time.as_millis()))
             .filter(|(k, _)| !removed_keys.contains(k))
             .collect();
-        for (key, (start, time)) in &read.heartbeats {
-            let Some(time) = time else { continue };
+        let due = |key: &String, (start, time): &StoredHeartbeat| {
             let owned = start.is_some_and(|s| live.get(key) == Some(&s.0));
-            if time.0 < before.as_millis() && !owned {
-                self.delete_heartbeat(
-                    self.pk(),
-                    key,
-                    time.0.saturating_mul(1000),
-                    "cleanup_defunct",
-                )
-                .await?;
+            !owned && time.is_none_or(|t| t.0 < before.as_millis())
+        };
+        if read.heartbeats.iter().any(|(k, v)| due(k, v)) {
+            for cell in self
+                .read_heartbeat_cells(self.pk(), "cleanup_defunct")
+                .await?
+            {
+                let (Some(value), Some(written)) = (cell.value, cell.written) else {
+                    continue;
+                };
+                if due(&cell.key, &value) {
+                    self.delete_heartbeat_cell(self.pk(), &cell.key, written, "cleanup_defunct")
+                        .await?;
+                }
             }
         }
         Span::current().record("removed", removed);
         Ok(removed)
     }
 
-    /// `delete_cluster`: the partition's rows and statics in conditional batches fenced on the
-    /// version, then heartbeat elements stamped after the deleting ballot.
+    /// `delete_cluster`: every row of the partition as stored (healthy, damaged, marker-only,
+    /// any key text) and the statics, in conditional batches fenced on the version tag as stored
+    /// (so a damaged version does not block it); then heartbeat elements stamped later than the
+    /// deleting ballot, each at its own write time. Checks that nothing is left.
     pub(super) async fn delete_partition(&self, cluster_id: &str) -> Result<()> {
         if cluster_id.is_empty() {
             return Err(MembershipError::config("cluster_id", "must not be empty"));
         }
         let st = self.statements().await?;
+        let pk = self.pk_of(cluster_id);
         let started = Instant::now();
         for _ in 0..MAX_ATTEMPTS {
-            let read = self.read_partition(self.pk_of(cluster_id)).await?;
-            let mut expected = read.version_etag;
-            let keys: Vec<String> = read
-                .entries
-                .iter()
-                .map(|e| e.entry.address.to_string())
-                .collect();
-            let mut chunks: Vec<&[String]> = keys.chunks(DELETE_CHUNK).collect();
+            let raw = self.read_raw_keys(pk).await?;
+            let mut expected = raw.version_etag;
+            let mut chunks: Vec<&[String]> = raw.keys.chunks(DELETE_CHUNK).collect();
             if chunks.is_empty() {
                 chunks.push(&[]);
             }
@@ -190,25 +297,44 @@ impl CassandraMembershipTable {
             if conflicted {
                 continue;
             }
-            // Heartbeat elements stamped later than the deleting ballot survive it (their stamp
-            // is their I-am-alive time): remove those with a delete stamped just after each.
-            let soon = Timestamp::now().as_millis().saturating_sub(1000);
-            for (key, time) in read
-                .heartbeats
-                .iter()
-                .filter_map(|(k, (_, t))| t.map(|t| (k, t)))
-                .filter(|(_, t)| t.0 >= soon)
-            {
-                self.delete_heartbeat(
-                    self.pk_of(cluster_id),
-                    key,
-                    time.0.saturating_mul(1000).saturating_add(1),
-                    "delete_cluster",
-                )
-                .await?;
+            // Heartbeat elements written with a timestamp later than the deleting ballot (their
+            // stamp is their I-am-alive time, or another program's choice) survive it.
+            for cell in self.read_heartbeat_cells(pk, "delete_cluster").await? {
+                if let Some(written) = cell.written {
+                    self.delete_heartbeat_cell(pk, &cell.key, written, "delete_cluster")
+                        .await?;
+                }
             }
             if cluster_id == self.cluster_id {
                 self.forget_all_leases();
+            }
+            let left = self.read_raw_keys(pk).await?;
+            if !left.keys.is_empty() || left.version_etag.is_some() {
+                warn!(
+                    cluster = cluster_id,
+                    rows = left.keys.len(),
+                    "delete_cluster left data behind"
+                );
+                return Err(MembershipError::corrupt(
+                    None,
+                    format!(
+                        "delete_cluster of {cluster_id:?} left {} row(s) ({}){}: they carry write \
+                         timestamps later than the delete (written with USING TIMESTAMP in the future, \
+                         or a silo still writing); delete them by hand or call delete_cluster again",
+                        left.keys.len(),
+                        left.keys
+                            .iter()
+                            .take(5)
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        if left.version_etag.is_some() {
+                            " and the version"
+                        } else {
+                            ""
+                        },
+                    ),
+                ));
             }
             return Ok(());
         }

@@ -1,45 +1,66 @@
-//! Tables that disagree with the configured TTL: the audit (dry run) and the `patch` policy.
+//! Expiry per cluster: the audit of THIS cluster's partition against the configured TTL, the
+//! `throw` / `allow` / `patch` policies, and what a table value learns from it (whether the
+//! version may carry a TTL, whether storage covers defunct cleanup).
 //!
-//! A row "disagrees" when its cells carry no TTL although expiry is on, a TTL longer than the
-//! provider ever writes, or any TTL although expiry is off. Patching rewrites each such row so
-//! that it expires as if the configured TTL had always applied, counted from its last heartbeat
-//! (rows already past that are removed). Every rewrite is conditional on the row and the version
-//! being unchanged, so a concurrent membership change or another silo patching at the same time
-//! is never overwritten; the patch is idempotent.
+//! Two rules make expiry safe in every configuration, including silos of one cluster running
+//! with different settings (a rolling change) or older binaries that never renew anything:
+//! - a row is given a TTL only when no running silo can own it any more (Dead, or silent for
+//!   longer than the TTL); a row without TTL that may be live stays without TTL — its silo may
+//!   run with expiry off and would never renew it. A membership write with expiry on keeps a row
+//!   (and the version) without TTL if it has none (`read_ttls.cql`);
+//! - the version carries no TTL while any row of the partition has none (or a longer one than
+//!   this configuration renews): the version must outlive every entry.
+//!
+//! Other clusters' rows are never read for the verdict and never written.
 
-use std::collections::HashMap;
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use scylla::DeserializeRow;
 use scylla::response::{PagingState, PagingStateResponse};
-use scylla::value::CqlTimestamp;
 use tracing::{info, warn};
+use uuid::Uuid;
 
 use super::CassandraMembershipTable;
-use super::driver_errors::to_error;
+use super::driver_errors::{may_have_applied, to_error};
+use super::options::MAX_TTL_SECONDS;
+use super::read::PartitionRead;
 use super::rows::merge_heartbeat;
 use super::statements::alter_table_ttl_cql;
-use super::values::{DeleteEntryValues, HeartbeatValues, Pk, UpdateEntryValues, to_cql};
+use super::values::{
+    DeleteEntryValues, DeleteStaticsValues, InitVersionValues, Pk, SiloKey, UpdateEntryValues,
+};
 use crate::error::{MembershipError, Result};
-use crate::model::Timestamp;
+use crate::model::{SiloStatus, Timestamp};
+
+const PATCH: &str = "initialize (ttl patch)";
 
 /// What `patch` would do (or did) with one row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PatchAction {
     /// The row already agrees with the configuration.
     Keep,
-    /// Rewrite the row's cells, unchanged, to expire in this many seconds (0: never).
+    /// Rewrite the row's cells, unchanged, to expire in this many seconds (0: never). For the
+    /// version of a cluster whose rows have no version, write one.
     Rewrite {
         /// The TTL the rewrite carries.
         ttl_seconds: u32,
     },
     /// The row is older than the configured TTL allows: delete it.
     Remove,
-    /// The row cannot be decoded (written by hand or another program); it is left alone.
+    /// The row cannot be decoded (written by hand or another program); it is left alone
+    /// (`delete_cluster` removes it).
     Unreadable,
+    /// The row carries no TTL (or a longer one) and its silo may still be running — not Dead,
+    /// alive within the TTL — possibly with expiry off, never renewing a TTL: giving it one could
+    /// expire a live entry. It is left as it is until its silo is Dead or silent for the TTL
+    /// (then `patch` at a later start, or defunct cleanup, removes it); meanwhile the version
+    /// carries no TTL either.
+    KeepWhileLive,
 }
 
-/// One row of the audit. `silo` is `None` for a cluster's table version (its static cells).
+/// One row of the audit. `silo` is `None` for the cluster's table version (its static cells).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RowAudit {
     /// The row's service id.
@@ -54,8 +75,8 @@ pub struct RowAudit {
     pub action: PatchAction,
 }
 
-/// What [`CassandraMembershipTable::audit_ttl`] found: the table's settings against the
-/// configuration, and one line per row that disagrees.
+/// What [`CassandraMembershipTable::audit_ttl`] found: the table's default and this cluster's
+/// partition against the configuration, one line per row that disagrees.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TtlAudit {
     /// `keyspace.table`.
@@ -64,12 +85,13 @@ pub struct TtlAudit {
     pub table_default_ttl: u64,
     /// The configured TTL (DefunctSiloExpiration, 0 when expiry is off).
     pub configured_ttl: u64,
-    /// Rows (and versions) that disagree with the configuration, with what `patch` does.
+    /// Rows (and the version) of this cluster that disagree with the configuration, with what
+    /// `patch` does.
     pub rows: Vec<RowAudit>,
 }
 
 impl TtlAudit {
-    /// True when neither the table default nor any row disagrees.
+    /// True when neither the table default nor any row of this cluster disagrees.
     pub fn agrees(&self) -> bool {
         self.table_default_ttl == self.configured_ttl && self.rows.is_empty()
     }
@@ -80,62 +102,110 @@ impl TtlAudit {
     }
 }
 
-#[derive(DeserializeRow)]
-struct ScanRow {
-    service_id: String,
-    cluster_id: String,
-    silo: Option<String>,
-    etag_ttl: Option<i32>,
-    version_etag: Option<uuid::Uuid>,
-    version_ttl: Option<i32>,
+/// What a table value knows of its partition's expiry, from its last audit.
+#[derive(Debug, Default)]
+pub(super) struct ExpiryState {
+    /// Some row has no TTL (or a longer one than this configuration renews): the version must
+    /// carry none.
+    unbounded_rows: AtomicBool,
+    /// The last audit at `initialize` found nothing that storage would never remove.
+    covered: AtomicBool,
 }
 
+/// One row of `audit_partition.cql`.
 #[derive(DeserializeRow)]
-struct AuditRow {
+pub(super) struct ScanRow {
     silo: Option<String>,
+    etag: Option<Uuid>,
     etag_ttl: Option<i32>,
+    version_etag: Option<Uuid>,
     version_ttl: Option<i32>,
     version_written: Option<i64>,
 }
 
-/// A partition's plan: one line per disagreeing row, plus what to do with the version and the
-/// heartbeat elements.
+/// A partition's plan.
 struct PartitionPlan {
+    read: PartitionRead,
     lines: Vec<RowAudit>,
-    version_ttl: Option<u32>,
-    remove_version: bool,
+    /// The version's planned TTL when rows are rewritten in a batch with it.
+    version_target: i32,
+    /// Rows that may never expire (no TTL, or a longer one) stay: the version takes no TTL.
+    unbounded: bool,
+    /// Something stays that storage never removes (a row or the version without TTL, an
+    /// unreadable row, a marker-only row).
+    leftovers: bool,
+    /// Silos whose rows stay as they are because their silo may be live.
+    live_kept: HashSet<String>,
+}
+
+/// Seconds left to something last alive at `last` had every write carried `write_ttl` seconds;
+/// saturating, so no stored time can overflow.
+pub(super) fn remaining_seconds(last: Timestamp, now: Timestamp, write_ttl: u64) -> i64 {
+    let expires = last
+        .as_millis()
+        .saturating_add((write_ttl as i64).saturating_mul(1000));
+    expires.saturating_sub(now.as_millis()).div_euclid(1000)
+}
+
+/// A TTL Cassandra accepts: between 1 s and `max` (itself at most 630,720,000 s).
+fn clamp_ttl(seconds: i64, max: u64) -> u32 {
+    let max = max.clamp(1, MAX_TTL_SECONDS) as i64;
+    seconds.clamp(1, max) as u32
 }
 
 impl CassandraMembershipTable {
-    /// Reports, without writing anything, how the table and every row of every cluster in it
-    /// compare with the configured TTL, and what the `patch` policy would do row by row.
+    /// How much longer than the TTL it writes a stored TTL may read and still agree: `TTL()`
+    /// is computed on the reading coordinator's clock, which may be ahead of the writer's.
+    fn ttl_tolerance(&self) -> u64 {
+        self.opts().renewal_seconds()
+    }
+
+    /// True when a row with this remaining TTL expires within what this configuration renews.
+    fn bounded(&self, ttl: Option<i32>) -> bool {
+        match ttl {
+            None => false,
+            Some(t) => (t.max(0) as u64) <= self.opts().write_ttl_seconds() + self.ttl_tolerance(),
+        }
+    }
+
+    /// The TTL the version is written with: none while rows without TTL (or with a longer one)
+    /// may outlive it.
+    pub(super) fn version_ttl(&self) -> i32 {
+        if self.expiry_state.unbounded_rows.load(Ordering::Relaxed) {
+            0
+        } else {
+            self.write_ttl()
+        }
+    }
+
+    /// Whether storage covers defunct cleanup for this cluster (see README "Expiry").
+    pub(super) fn storage_covers_cleanup(&self) -> bool {
+        self.opts().ttl_seconds().is_some() && self.expiry_state.covered.load(Ordering::Relaxed)
+    }
+
+    /// Reports, without writing anything, how the table default and every row of this
+    /// cluster's partition compare with the configured TTL, and what `patch` would do row by row.
+    /// Other clusters' rows are not read.
     pub async fn audit_ttl(&self) -> Result<TtlAudit> {
         let table_default_ttl = self
             .table_settings()
             .await?
             .map_or(0, |(ttl, _)| ttl.max(0) as u64);
-        let mut rows = Vec::new();
-        for (service_id, cluster_id) in self.disagreeing_partitions().await? {
-            let pk = Pk {
-                service_id: &service_id,
-                cluster_id: &cluster_id,
-            };
-            match self.plan_partition(pk).await {
-                Ok(plan) => rows.extend(plan.lines),
-                // A cluster whose version is damaged cannot be planned; report it, touch nothing.
-                Err(MembershipError::CorruptData { reason, .. }) => {
-                    warn!(service = %service_id, cluster = %cluster_id, %reason, "cannot audit a damaged cluster");
-                    rows.push(RowAudit {
-                        service_id: service_id.clone(),
-                        cluster_id: cluster_id.clone(),
-                        silo: None,
-                        current_ttl: None,
-                        action: PatchAction::Unreadable,
-                    });
-                }
-                Err(e) => return Err(e),
+        let rows = match self.plan_partition(self.pk()).await {
+            Ok(plan) => plan.lines,
+            // A cluster whose version is damaged cannot be planned; report it, touch nothing.
+            Err(MembershipError::CorruptData { reason, .. }) => {
+                warn!(cluster = %self.cluster_id, %reason, "cannot audit a damaged cluster");
+                vec![RowAudit {
+                    service_id: self.service_id().to_owned(),
+                    cluster_id: self.cluster_id.clone(),
+                    silo: None,
+                    current_ttl: None,
+                    action: PatchAction::Unreadable,
+                }]
             }
-        }
+            Err(e) => return Err(e),
+        };
         Ok(TtlAudit {
             table: self.shared.qualified.clone(),
             table_default_ttl,
@@ -144,61 +214,13 @@ impl CassandraMembershipTable {
         })
     }
 
-    /// One paged scan of the table: the clusters holding any row or version that disagrees.
-    async fn disagreeing_partitions(&self) -> Result<Vec<(String, String)>> {
+    /// One paged plain read of the partition's tags and TTLs.
+    pub(super) async fn scan_partition(&self, pk: Pk<'_>) -> Result<Vec<ScanRow>> {
         let st = self.statements().await?;
-        let mut out: Vec<(String, String)> = Vec::new();
+        let mut out = Vec::new();
         let mut paging = PagingState::start();
         loop {
             super::bump(&self.shared.counters.reads);
-            let (result, next) = self
-                .session_ref()
-                .execute_single_page(&st.audit_table, (), paging)
-                .await
-                .map_err(|e| to_error("audit_ttl", e))?;
-            let rows = result
-                .into_rows_result()
-                .map_err(|e| MembershipError::corrupt(None, format!("table scan: {e}")))?;
-            for row in rows.rows::<ScanRow>().map_err(|e| self.shape_error(e))? {
-                let row = row.map_err(|e| self.shape_error(e))?;
-                let row_disagrees = row.silo.is_some() && self.disagrees(row.etag_ttl);
-                let version_disagrees =
-                    row.version_etag.is_some() && self.disagrees(row.version_ttl);
-                let key = (row.service_id, row.cluster_id);
-                if (row_disagrees || version_disagrees) && out.last() != Some(&key) {
-                    out.push(key);
-                }
-            }
-            match next {
-                PagingStateResponse::HasMorePages { state } => paging = state,
-                PagingStateResponse::NoMorePages => return Ok(out),
-            }
-        }
-    }
-
-    /// The remaining TTL, in whole seconds, of something last alive at `last`: what it would
-    /// have left had every write carried the configured TTL. `None` when expiry is off.
-    fn remaining_from(&self, last: Timestamp, now: Timestamp) -> Option<i64> {
-        self.opts().ttl_seconds()?;
-        let expires = last.as_millis() + self.opts().write_ttl_seconds() as i64 * 1000;
-        Some((expires - now.as_millis()).div_euclid(1000))
-    }
-
-    fn disagrees(&self, current: Option<i32>) -> bool {
-        match (self.opts().ttl_seconds(), current) {
-            (None, ttl) => ttl.is_some(),
-            (Some(_), None) => true,
-            (Some(_), Some(ttl)) => ttl as u64 > self.opts().write_ttl_seconds(),
-        }
-    }
-
-    async fn plan_partition(&self, pk: Pk<'_>) -> Result<PartitionPlan> {
-        let st = self.statements().await?;
-        let now = Timestamp::now();
-        let read = self.read_partition(pk).await?;
-        let mut ttls = Vec::new();
-        let mut paging = PagingState::start();
-        loop {
             let (result, next) = self
                 .session_ref()
                 .execute_single_page(&st.audit_partition, pk, paging)
@@ -207,19 +229,87 @@ impl CassandraMembershipTable {
             let rows = result
                 .into_rows_result()
                 .map_err(|e| MembershipError::corrupt(None, format!("audit: {e}")))?;
-            for row in rows.rows::<AuditRow>().map_err(|e| self.shape_error(e))? {
-                ttls.push(row.map_err(|e| self.shape_error(e))?);
+            for row in rows.rows::<ScanRow>().map_err(|e| self.shape_error(e))? {
+                out.push(row.map_err(|e| self.shape_error(e))?);
             }
             match next {
                 PagingStateResponse::HasMorePages { state } => paging = state,
-                PagingStateResponse::NoMorePages => break,
+                PagingStateResponse::NoMorePages => return Ok(out),
             }
         }
-        let entries: HashMap<String, _> = read
-            .entries
+    }
+
+    /// Lease renewal with expiry on: learns whether rows without TTL (silos running with expiry
+    /// off) share the partition, which decides the version's TTL.
+    pub(super) async fn refresh_expiry_state(&self) -> Result<()> {
+        let scan = self.scan_partition(self.pk()).await?;
+        let unbounded = scan
             .iter()
-            .map(|e| (e.entry.address.to_string(), e))
-            .collect();
+            .any(|r| r.silo.is_some() && r.etag.is_some() && !self.bounded(r.etag_ttl));
+        self.expiry_state
+            .unbounded_rows
+            .store(unbounded, Ordering::Relaxed);
+        if unbounded {
+            self.expiry_state.covered.store(false, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// The TTLs a membership write gives the row and the version. With expiry on, a row or
+    /// version that has no TTL keeps none: it was written by a silo with expiry off (maybe an
+    /// older binary), which never renews it.
+    pub(super) async fn ttls_for_write(&self, silo: &str, insert: bool) -> Result<(i32, i32)> {
+        if self.opts().ttl_seconds().is_none() {
+            return Ok((0, 0));
+        }
+        let st = self.statements().await?;
+        let (w, v) = (self.write_ttl(), self.version_ttl());
+        if insert {
+            let r = self
+                .exec_read("insert_row", &st.read_version_ttl, self.pk(), false)
+                .await?;
+            let row: Option<(Option<Uuid>, Option<i32>)> = r
+                .into_rows_result()
+                .ok()
+                .and_then(|r| r.maybe_first_row().ok().flatten());
+            let version = match row {
+                Some((Some(_), None)) => 0,
+                _ => v,
+            };
+            return Ok((w, version));
+        }
+        let r = self
+            .exec_read(
+                "update_row",
+                &st.read_ttls,
+                SiloKey {
+                    silo,
+                    service_id: self.service_id(),
+                    cluster_id: &self.cluster_id,
+                },
+                false,
+            )
+            .await?;
+        let row: Option<(Option<i32>, Option<i32>)> = r
+            .into_rows_result()
+            .ok()
+            .and_then(|r| r.maybe_first_row().ok().flatten());
+        Ok(match row {
+            Some((row_ttl, version_ttl)) => (
+                if row_ttl.is_none() { 0 } else { w },
+                if version_ttl.is_none() { 0 } else { v },
+            ),
+            None => (w, v),
+        })
+    }
+
+    async fn plan_partition(&self, pk: Pk<'_>) -> Result<PartitionPlan> {
+        let now = Timestamp::now();
+        let read = self.read_partition(pk).await?;
+        let scan = self.scan_partition(pk).await?;
+        let ttl_on = self.opts().ttl_seconds().is_some();
+        let w = self.opts().write_ttl_seconds();
+        let cap = w + self.ttl_tolerance();
         let line = |silo: Option<String>, current: Option<i32>, action| RowAudit {
             service_id: pk.service_id.to_owned(),
             cluster_id: pk.cluster_id.to_owned(),
@@ -227,104 +317,175 @@ impl CassandraMembershipTable {
             current_ttl: current.map(|t| t.max(0) as u32),
             action,
         };
+        let entries: HashMap<String, _> = read
+            .entries
+            .iter()
+            .map(|e| (e.entry.address.to_string(), e))
+            .collect();
+        let empty: HashSet<&String> = read.empty_rows.iter().collect();
         let mut lines = Vec::new();
-        // The version must outlive every row that stays: the latest expiry among them.
-        let mut latest_row_expiry: Option<i64> = None;
-        let mut version_current = None;
-        let mut version_written = None;
-        for row in &ttls {
-            version_current = row.version_ttl;
-            version_written = row.version_written;
-            let Some(silo) = row.silo.clone() else {
-                continue;
-            };
-            let Some(stored) = entries.get(&silo) else {
-                if self.disagrees(row.etag_ttl) {
-                    lines.push(line(Some(silo), row.etag_ttl, PatchAction::Unreadable));
+        let (mut unbounded, mut leftovers) = (false, false);
+        let mut live_kept = HashSet::new();
+        // The version must outlive every row that stays: the longest TTL among them.
+        let mut latest_stay: i64 = 0;
+        let mut version: Option<(Option<i32>, Option<i64>)> = None;
+        let mut any_row = false;
+        for row in &scan {
+            if row.version_etag.is_some() {
+                version = Some((row.version_ttl, row.version_written));
+            }
+            let Some(silo) = &row.silo else { continue };
+            any_row = true;
+            let Some(stored) = entries.get(silo) else {
+                if empty.contains(silo) || row.etag.is_none() {
+                    // Only a marker (or null cells) left: no entry; defunct cleanup removes it.
+                    leftovers = true;
+                } else if ttl_on != row.etag_ttl.is_some() || !self.bounded(row.etag_ttl) {
+                    if row.etag_ttl.is_none() {
+                        leftovers = true;
+                    }
+                    lines.push(line(
+                        Some(silo.clone()),
+                        row.etag_ttl,
+                        PatchAction::Unreadable,
+                    ));
                 }
                 continue;
             };
-            let entry = merge_heartbeat(stored.entry.clone(), read.heartbeats.get(&silo).copied());
-            let remaining = self.remaining_from(entry.i_am_alive_time, now);
-            if !self.disagrees(row.etag_ttl) {
-                if let Some(t) = row.etag_ttl {
-                    latest_row_expiry = latest_row_expiry.max(Some(i64::from(t)));
+            if !ttl_on {
+                if row.etag_ttl.is_some() {
+                    lines.push(line(
+                        Some(silo.clone()),
+                        row.etag_ttl,
+                        PatchAction::Rewrite { ttl_seconds: 0 },
+                    ));
                 }
                 continue;
             }
-            let action = match remaining {
-                None => PatchAction::Rewrite { ttl_seconds: 0 },
-                Some(r) if r <= 0 => PatchAction::Remove,
-                Some(r) => {
-                    latest_row_expiry = latest_row_expiry.max(Some(r));
-                    PatchAction::Rewrite {
-                        ttl_seconds: r as u32,
-                    }
+            if self.bounded(row.etag_ttl) {
+                latest_stay = latest_stay.max(i64::from(row.etag_ttl.unwrap_or(0)));
+                continue;
+            }
+            let entry = merge_heartbeat(stored.entry.clone(), read.heartbeats.get(silo).copied());
+            let remaining = remaining_seconds(entry.last_activity(), now, w);
+            let action = if remaining <= 0 {
+                PatchAction::Remove
+            } else if entry.status == SiloStatus::Dead {
+                let t = clamp_ttl(remaining, w);
+                latest_stay = latest_stay.max(i64::from(t));
+                PatchAction::Rewrite { ttl_seconds: t }
+            } else {
+                // Possibly live, possibly a silo with expiry off: never give it a TTL.
+                unbounded = true;
+                live_kept.insert(silo.clone());
+                match row.etag_ttl {
+                    None => leftovers = true,
+                    Some(t) => latest_stay = latest_stay.max(i64::from(t)),
                 }
+                PatchAction::KeepWhileLive
             };
-            lines.push(line(Some(silo), row.etag_ttl, action));
+            lines.push(line(Some(silo.clone()), row.etag_ttl, action));
         }
-        let mut version_ttl = None;
-        let mut remove_version = false;
-        if read.version_etag.is_some() && self.disagrees(version_current) {
-            let action = match self.opts().ttl_seconds() {
-                None => PatchAction::Rewrite { ttl_seconds: 0 },
-                Some(_) => {
-                    let written = Timestamp::from_millis(version_written.unwrap_or(0) / 1000);
-                    let own = self.remaining_from(written, now).unwrap_or(0);
-                    let needed = own.max(latest_row_expiry.unwrap_or(0));
-                    if needed <= 0 {
+        let mut version_target = 0;
+        match version {
+            None if any_row => {
+                // Rows without a version: patch writes one (version 0, a fresh tag).
+                let t = if ttl_on && !unbounded { w as u32 } else { 0 };
+                lines.push(line(None, None, PatchAction::Rewrite { ttl_seconds: t }));
+            }
+            None => {}
+            Some((None, _)) if !ttl_on => {}
+            Some((current, _)) if !ttl_on => {
+                lines.push(line(None, current, PatchAction::Rewrite { ttl_seconds: 0 }));
+            }
+            Some((current, _)) if unbounded => {
+                leftovers = true;
+                if current.is_some() {
+                    lines.push(line(None, current, PatchAction::Rewrite { ttl_seconds: 0 }));
+                }
+            }
+            Some((current, written)) => {
+                let written = Timestamp::from_millis(written.unwrap_or(0).div_euclid(1000));
+                let needed = remaining_seconds(written, now, w).max(latest_stay);
+                version_target = clamp_ttl(needed, cap) as i32;
+                if !self.bounded(current) {
+                    let action = if needed <= 0 {
                         PatchAction::Remove
                     } else {
                         PatchAction::Rewrite {
-                            ttl_seconds: needed as u32,
+                            ttl_seconds: version_target as u32,
                         }
-                    }
+                    };
+                    lines.push(line(None, current, action));
                 }
-            };
-            match action {
-                PatchAction::Remove => remove_version = true,
-                PatchAction::Rewrite { ttl_seconds } => version_ttl = Some(ttl_seconds),
-                _ => {}
             }
-            lines.push(line(None, version_current, action));
         }
         Ok(PartitionPlan {
+            read,
             lines,
-            version_ttl,
-            remove_version,
+            version_target,
+            unbounded,
+            leftovers,
+            live_kept,
         })
     }
 
-    /// Decides, at `initialize`, what to do about a table that disagrees with the configuration.
+    /// Decides, at `initialize`, what to do about a table or partition that disagrees with the
+    /// configuration, and records what the table value learnt for its own writes.
     pub(super) async fn reconcile_ttl(&self) -> Result<()> {
         let audit = self.audit_ttl().await?;
-        if audit.agrees() {
-            return Ok(());
-        }
-        match self.opts().ttl_mismatch {
-            super::TtlMismatchPolicy::Throw => Err(MembershipError::TtlMismatch {
-                table: audit.table.clone(),
-                table_ttl_seconds: audit.table_default_ttl,
-                configured_ttl_seconds: audit.configured_ttl,
-                rows_disagreeing: audit.disagreeing(),
-            }),
-            super::TtlMismatchPolicy::Allow => {
-                warn!(
-                    table = %audit.table,
-                    table_ttl = audit.table_default_ttl,
-                    configured_ttl = audit.configured_ttl,
-                    rows_disagreeing = audit.disagreeing(),
-                    "the table's TTL settings disagree with the configuration; ttl_mismatch = allow leaves them as they are, new writes use the configured TTL"
-                );
-                Ok(())
+        if !audit.agrees() {
+            match self.opts().ttl_mismatch {
+                super::TtlMismatchPolicy::Throw => {
+                    return Err(MembershipError::TtlMismatch {
+                        table: audit.table.clone(),
+                        table_ttl_seconds: audit.table_default_ttl,
+                        configured_ttl_seconds: audit.configured_ttl,
+                        rows_disagreeing: audit.disagreeing(),
+                    });
+                }
+                super::TtlMismatchPolicy::Allow => {
+                    warn!(
+                        table = %audit.table,
+                        cluster = %self.cluster_id,
+                        table_ttl = audit.table_default_ttl,
+                        configured_ttl = audit.configured_ttl,
+                        rows_disagreeing = audit.disagreeing(),
+                        "the table's TTL settings disagree with the configuration; ttl_mismatch = allow leaves them as they are, new writes use the configured TTL"
+                    );
+                }
+                super::TtlMismatchPolicy::Patch => self.patch_ttl(&audit).await?,
             }
-            super::TtlMismatchPolicy::Patch => self.patch_ttl(&audit).await,
         }
+        // What stays now decides the version's TTL and whether storage covers cleanup.
+        match self.plan_partition(self.pk()).await {
+            Ok(plan) => {
+                let open = plan
+                    .lines
+                    .iter()
+                    .any(|l| l.action != PatchAction::KeepWhileLive);
+                self.expiry_state
+                    .unbounded_rows
+                    .store(plan.unbounded, Ordering::Relaxed);
+                self.expiry_state
+                    .covered
+                    .store(!plan.leftovers && !open, Ordering::Relaxed);
+            }
+            Err(MembershipError::CorruptData { .. }) => {
+                self.expiry_state
+                    .unbounded_rows
+                    .store(true, Ordering::Relaxed);
+                self.expiry_state.covered.store(false, Ordering::Relaxed);
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(())
     }
 
     async fn patch_ttl(&self, audit: &TtlAudit) -> Result<()> {
         if audit.table_default_ttl != audit.configured_ttl {
+            // The table default is shared by every cluster in the table; ours never relies on it
+            // (every write carries its TTL), but writes of other programs do.
             self.session_ref()
                 .query_unpaged(
                     alter_table_ttl_cql(&self.shared.qualified, audit.configured_ttl),
@@ -334,38 +495,55 @@ impl CassandraMembershipTable {
                 .map_err(|e| to_error("initialize", e))?;
             self.await_schema_agreement().await?;
         }
-        let mut partitions: Vec<(String, String)> = audit
-            .rows
-            .iter()
-            .map(|r| (r.service_id.clone(), r.cluster_id.clone()))
-            .collect();
-        partitions.dedup();
-        let mut rewritten = 0usize;
-        let mut removed = 0usize;
-        for (service_id, cluster_id) in partitions {
-            let pk = Pk {
-                service_id: &service_id,
-                cluster_id: &cluster_id,
-            };
-            let (w, r) = self.patch_partition(pk).await?;
-            rewritten += w;
-            removed += r;
+        if audit.rows.is_empty() {
+            return Ok(());
         }
-        info!(table = %audit.table, rewritten, removed, "patched rows to the configured TTL");
+        let (rewritten, removed) = self.patch_partition(self.pk()).await?;
+        info!(table = %audit.table, cluster = %self.cluster_id, rewritten, removed, "patched rows to the configured TTL");
         Ok(())
     }
 
     /// Patches one partition; re-plans and retries when a concurrent write wins a condition.
+    /// Hard errors (invalid, unauthorized, …) are returned as such, never retried.
     async fn patch_partition(&self, pk: Pk<'_>) -> Result<(usize, usize)> {
         let st = self.statements().await?;
         let (mut rewritten, mut removed) = (0, 0);
-        for _ in 0..super::MAX_ATTEMPTS {
+        let started = std::time::Instant::now();
+        // Ok(true): applied; Ok(false): lost a race or unknown outcome (re-plan; every step is
+        // safe to repeat); Err: a hard error.
+        let settle = |r: std::result::Result<Result<bool>, scylla::errors::ExecutionError>| match r
+        {
+            Ok(Ok(applied)) => Ok(applied),
+            Ok(Err(e)) => Err(e),
+            Err(e) if may_have_applied(&e) => Ok(false),
+            Err(e) => Err(to_error(PATCH, e)),
+        };
+        'attempt: for _ in 0..super::MAX_ATTEMPTS {
             let plan = self.plan_partition(pk).await?;
-            let read = self.read_partition(pk).await?;
-            let version_etag = read.version_etag;
-            let mut conflict = false;
-            for line in &plan.lines {
-                let Some(silo) = &line.silo else { continue };
+            let read = &plan.read;
+            let Some(version_etag) = read.version_etag else {
+                if plan.lines.iter().any(|l| l.silo.is_none()) {
+                    // Rows without a version: write one, then plan again with it.
+                    let ttl = match plan.lines.iter().find(|l| l.silo.is_none()) {
+                        Some(RowAudit {
+                            action: PatchAction::Rewrite { ttl_seconds },
+                            ..
+                        }) => *ttl_seconds as i32,
+                        _ => 0,
+                    };
+                    let values = InitVersionValues {
+                        ttl,
+                        new_version_etag: Uuid::new_v4(),
+                        service_id: pk.service_id,
+                        cluster_id: pk.cluster_id,
+                    };
+                    settle(self.exec_conditional(&st.init_version, values).await)?;
+                    continue;
+                }
+                break;
+            };
+            for l in &plan.lines {
+                let Some(silo) = &l.silo else { continue };
                 let Some(stored) = read
                     .entries
                     .iter()
@@ -373,26 +551,18 @@ impl CassandraMembershipTable {
                 else {
                     continue;
                 };
-                let ok = match line.action {
+                let applied = match l.action {
                     PatchAction::Rewrite { ttl_seconds } => {
-                        let Some(version_etag) = version_etag else {
-                            continue;
-                        };
+                        let ttl = ttl_seconds as i32;
                         let values = (
-                            self.entry_values_in(
-                                pk,
-                                &stored.entry,
-                                silo,
-                                stored.etag,
-                                ttl_seconds as i32,
-                            ),
+                            self.entry_values_in(pk, &stored.entry, silo, stored.etag, ttl),
                             UpdateEntryValues {
                                 entry: self.entry_values_in(
                                     pk,
                                     &stored.entry,
                                     silo,
                                     stored.etag,
-                                    ttl_seconds as i32,
+                                    ttl,
                                 ),
                                 expected_etag: Some(stored.etag),
                             },
@@ -401,131 +571,183 @@ impl CassandraMembershipTable {
                                 read.version.version as i64,
                                 version_etag,
                                 Some(version_etag),
-                                plan.version_ttl
-                                    .map_or_else(|| self.write_ttl(), |t| t as i32),
+                                if plan.unbounded {
+                                    0
+                                } else {
+                                    plan.version_target
+                                },
                             ),
                         );
-                        let r = self.exec_conditional_batch(&st.patch_batch, values).await;
                         rewritten += 1;
-                        r
+                        settle(self.exec_conditional_batch(&st.patch_batch, values).await)?
                     }
                     PatchAction::Remove => {
-                        let r = self
-                            .exec_conditional(
-                                &st.delete_entry,
-                                DeleteEntryValues {
-                                    service_id: pk.service_id,
-                                    cluster_id: pk.cluster_id,
-                                    silo,
-                                    expected_etag: stored.etag,
-                                    heartbeat_key: silo,
-                                    expected_heartbeat: read.heartbeats.get(silo).copied(),
-                                },
-                            )
-                            .await;
+                        let values = DeleteEntryValues {
+                            service_id: pk.service_id,
+                            cluster_id: pk.cluster_id,
+                            silo,
+                            expected_etag: stored.etag,
+                            heartbeat_key: silo,
+                            expected_heartbeat: read.heartbeats.get(silo).copied(),
+                        };
                         removed += 1;
-                        r
+                        settle(self.exec_conditional(&st.delete_entry, values).await)?
                     }
-                    _ => continue,
+                    _ => true,
                 };
-                // A lost condition, or an unknown outcome (rewriting unchanged cells is safe to
-                // repeat): the next attempt re-plans from what is stored.
-                if !matches!(ok, Ok(Ok(true))) {
-                    conflict = true;
-                    break;
+                if !applied {
+                    continue 'attempt;
                 }
             }
-            if conflict {
-                continue;
-            }
-            // The version alone (when no row rewrite carried it), or its removal when nothing stays.
-            if let Some(version_etag) = version_etag {
-                if plan.remove_version
-                    && read.entries.len()
-                        == plan
-                            .lines
-                            .iter()
-                            .filter(|l| l.action == PatchAction::Remove)
-                            .count()
-                {
-                    let r = self
-                        .exec_conditional(
+            // The version alone, or its removal when nothing stays.
+            if let Some(v) = plan.lines.iter().find(|l| l.silo.is_none()) {
+                let removes = plan
+                    .lines
+                    .iter()
+                    .filter(|l| l.silo.is_some() && l.action == PatchAction::Remove)
+                    .count();
+                let applied = match v.action {
+                    PatchAction::Remove if read.entries.len() == removes => settle(
+                        self.exec_conditional(
                             &st.delete_statics,
-                            super::values::DeleteStaticsValues {
+                            DeleteStaticsValues {
                                 service_id: pk.service_id,
                                 cluster_id: pk.cluster_id,
                                 expected_version_etag: Some(version_etag),
                             },
                         )
-                        .await;
-                    if !matches!(r, Ok(Ok(true))) {
-                        continue;
-                    }
-                } else if let Some(ttl) = plan.version_ttl {
-                    let values = self.version_values_in(
-                        pk,
-                        read.version.version as i64,
-                        version_etag,
-                        Some(version_etag),
-                        ttl as i32,
-                    );
-                    let r = self.exec_conditional(&st.write_version, values).await;
-                    if !matches!(r, Ok(Ok(true))) {
-                        continue;
-                    }
+                        .await,
+                    )?,
+                    PatchAction::Rewrite { ttl_seconds } => settle(
+                        self.exec_conditional(
+                            &st.write_version,
+                            self.version_values_in(
+                                pk,
+                                read.version.version as i64,
+                                version_etag,
+                                Some(version_etag),
+                                ttl_seconds as i32,
+                            ),
+                        )
+                        .await,
+                    )?,
+                    _ => true,
+                };
+                if !applied {
+                    continue;
                 }
             }
-            self.patch_heartbeats(pk, &read.heartbeats).await?;
+            self.patch_heartbeats(pk, &plan).await?;
             return Ok((rewritten, removed));
         }
         Err(MembershipError::Contention {
-            operation: "initialize (ttl patch)",
+            operation: PATCH,
             attempts: super::MAX_ATTEMPTS,
-            elapsed: Duration::ZERO,
+            elapsed: started.elapsed(),
         })
     }
 
-    /// Re-stamps every heartbeat element one microsecond after its own stamp with the TTL it
-    /// should have (or removes it when already past), so a newer heartbeat always wins.
-    async fn patch_heartbeats(
-        &self,
-        pk: Pk<'_>,
-        heartbeats: &HashMap<String, super::rows::StoredHeartbeat>,
-    ) -> Result<()> {
-        let st = self.statements().await?;
+    /// Gives heartbeat elements the TTL the configuration implies — except elements of silos
+    /// that may be live and run without TTL — or removes them when already past it. Each write
+    /// is stamped relative to the element's own write time: a newer heartbeat always wins, and a
+    /// later delete (stamped with the element's write time) still removes it.
+    async fn patch_heartbeats(&self, pk: Pk<'_>, plan: &PartitionPlan) -> Result<()> {
         let now = Timestamp::now();
-        for (key, (start, time)) in heartbeats {
-            let (Some(start), Some(time)) = (start, time) else {
+        let ttl_on = self.opts().ttl_seconds().is_some();
+        let w = self.opts().write_ttl_seconds();
+        for cell in self.read_heartbeat_cells(pk, PATCH).await? {
+            if plan.live_kept.contains(&cell.key) {
+                continue;
+            }
+            let Some(written) = cell.written else {
                 continue;
             };
-            let stamp = time.0.saturating_mul(1000).saturating_add(1);
-            match self.remaining_from(Timestamp::from_millis(time.0), now) {
-                Some(r) if r <= 0 => {
-                    self.delete_heartbeat(pk, key, stamp, "initialize (ttl patch)")
+            if !ttl_on {
+                if let (Some(_), Some(value)) = (cell.ttl, cell.value) {
+                    self.write_heartbeat_cell(pk, &cell.key, value, 0, written, PATCH)
                         .await?;
                 }
-                remaining => {
-                    super::bump(&self.shared.counters.plain_writes);
-                    self.session_ref()
-                        .execute_unpaged(
-                            &st.heartbeat,
-                            HeartbeatValues {
-                                ttl: remaining.map_or(0, |r| r as i32),
-                                write_time_micros: stamp,
-                                silo: key,
-                                heartbeat: (
-                                    CqlTimestamp(start.0),
-                                    to_cql(Timestamp::from_millis(time.0)),
-                                ),
-                                service_id: pk.service_id,
-                                cluster_id: pk.cluster_id,
-                            },
-                        )
-                        .await
-                        .map_err(|e| to_error("initialize", e))?;
+                continue;
+            }
+            if self.bounded(cell.ttl) {
+                continue;
+            }
+            let remaining = cell.value.and_then(|(_, time)| time).map_or(0, |t| {
+                remaining_seconds(Timestamp::from_millis(t.0), now, w)
+            });
+            match cell.value {
+                Some(value) if remaining > 0 => {
+                    let ttl = clamp_ttl(remaining, w) as i32;
+                    self.write_heartbeat_cell(pk, &cell.key, value, ttl, written, PATCH)
+                        .await?;
+                }
+                _ => {
+                    self.delete_heartbeat_cell(pk, &cell.key, written, PATCH)
+                        .await?
                 }
             }
         }
         Ok(())
+    }
+}
+
+/// A heartbeat element as stored, with its write time (µs) and TTL.
+pub(super) struct HeartbeatCell {
+    pub(super) key: String,
+    pub(super) value: Option<super::rows::StoredHeartbeat>,
+    pub(super) written: Option<i64>,
+    pub(super) ttl: Option<i32>,
+}
+
+/// `read_heartbeats.cql`: the map and its per-element write times and TTLs, in key order.
+#[derive(DeserializeRow)]
+pub(super) struct HeartbeatCellsRow {
+    pub(super) heartbeats: Option<BTreeMap<String, super::rows::StoredHeartbeat>>,
+    pub(super) written: Option<Vec<Option<i64>>>,
+    pub(super) ttls: Option<Vec<Option<i32>>>,
+}
+
+impl HeartbeatCellsRow {
+    pub(super) fn cells(self) -> Vec<HeartbeatCell> {
+        let written = self.written.unwrap_or_default();
+        let ttls = self.ttls.unwrap_or_default();
+        // Cassandra lists write times and TTLs in the map's key order (UTF-8 byte order, the
+        // order of a BTreeMap of Strings).
+        self.heartbeats
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(i, (key, value))| HeartbeatCell {
+                key,
+                value: Some(value),
+                written: written.get(i).copied().flatten(),
+                ttl: ttls.get(i).copied().flatten(),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remaining_time_never_overflows() {
+        let now = Timestamp::now();
+        for t in [i64::MIN, i64::MIN + 1, -1, 0, i64::MAX - 1, i64::MAX] {
+            let r = remaining_seconds(Timestamp::from_millis(t), now, 630_720_000);
+            let c = clamp_ttl(r, 630_720_000);
+            assert!((1..=630_720_000).contains(&c), "{t}: {r} → {c}");
+        }
+        assert!(remaining_seconds(Timestamp::from_millis(i64::MIN), now, 6) < 0);
+        assert_eq!(clamp_ttl(i64::MAX, 6), 6);
+        assert_eq!(clamp_ttl(4_102_444_800, 900_000_000), 630_720_000);
+    }
+
+    #[test]
+    fn durations_are_whole_seconds() {
+        let now = Timestamp::from_millis(10_000);
+        assert_eq!(remaining_seconds(Timestamp::from_millis(9_000), now, 6), 5);
+        assert_eq!(remaining_seconds(Timestamp::from_millis(0), now, 6), -4);
     }
 }

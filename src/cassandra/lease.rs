@@ -42,7 +42,9 @@ impl CassandraMembershipTable {
             Some(ttl) => StorageExpiry {
                 ttl: Some(Duration::from_secs(ttl)),
                 slack: Duration::from_secs(self.opts().renewal_seconds() + 1),
-                covers_defunct_cleanup: true,
+                // True only when the audit at `initialize` found nothing in this cluster's
+                // partition that storage would never remove (README "Expiry").
+                covers_defunct_cleanup: self.storage_covers_cleanup(),
             },
         }
     }
@@ -107,6 +109,8 @@ impl CassandraMembershipTable {
             if self.opts().ttl_seconds().is_none() {
                 return Ok(Some(stored.entry));
             }
+            // Rows without TTL (silos with expiry off) decide the version's TTL.
+            self.refresh_expiry_state().await?;
             let version_etag = parse_etag(&version.etag).flatten();
             let Some(version_etag_value) = version_etag else {
                 return Err(MembershipError::corrupt(

@@ -9,6 +9,7 @@
 mod cleanup;
 mod driver_errors;
 mod expiry;
+mod inspect;
 mod lease;
 mod options;
 mod read;
@@ -29,6 +30,7 @@ use tokio::sync::OnceCell;
 use tracing::{Span, instrument};
 
 pub use expiry::{PatchAction, RowAudit, TtlAudit};
+pub use inspect::{ClusterInspection, EntryInspection};
 pub use options::{
     CassandraClusteringOptions, ConsistencyProfile, Credentials, EXPIRY_HORIZON_UNIX_SECONDS,
     MAX_TTL_SECONDS, TtlMismatchPolicy,
@@ -112,6 +114,8 @@ pub struct CassandraMembershipTable {
     shared: Arc<Shared>,
     cluster_id: String,
     leases: Mutex<HashMap<SiloAddress, LeaseState>>,
+    /// What `initialize` and lease renewals learnt of this cluster's partition's expiry.
+    expiry_state: expiry::ExpiryState,
 }
 
 impl CassandraMembershipTable {
@@ -192,6 +196,7 @@ impl CassandraMembershipTable {
             }),
             cluster_id,
             leases: Mutex::default(),
+            expiry_state: Default::default(),
         })
     }
 
@@ -205,6 +210,7 @@ impl CassandraMembershipTable {
             shared: Arc::clone(&self.shared),
             cluster_id,
             leases: Mutex::default(),
+            expiry_state: Default::default(),
         })
     }
 

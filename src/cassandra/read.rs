@@ -49,7 +49,7 @@ impl PartitionRead {
 }
 
 impl CassandraMembershipTable {
-    async fn exec_read(
+    pub(super) async fn exec_read(
         &self,
         op: &'static str,
         statement: &scylla::statement::prepared::PreparedStatement,

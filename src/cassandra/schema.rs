@@ -37,7 +37,7 @@ impl CassandraMembershipTable {
             return Ok(());
         }
         let values = InitVersionValues {
-            ttl: self.write_ttl(),
+            ttl: self.version_ttl(),
             new_version_etag: Uuid::new_v4(),
             service_id: self.service_id(),
             cluster_id: &self.cluster_id,

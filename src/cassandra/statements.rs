@@ -26,8 +26,11 @@ const DELETE_ROW: &str = include_str!("../../cql/delete_row.cql");
 const DELETE_STATICS: &str = include_str!("../../cql/delete_statics.cql");
 const ALTER_TABLE_TTL: &str = include_str!("../../cql/alter_table_ttl.cql");
 const REWRITE_ENTRY: &str = include_str!("../../cql/rewrite_entry.cql");
-const AUDIT_TABLE: &str = include_str!("../../cql/audit_table.cql");
 const AUDIT_PARTITION: &str = include_str!("../../cql/audit_partition.cql");
+const READ_KEYS: &str = include_str!("../../cql/read_keys.cql");
+const READ_HEARTBEATS: &str = include_str!("../../cql/read_heartbeats.cql");
+const READ_TTLS: &str = include_str!("../../cql/read_ttls.cql");
+const READ_VERSION_TTL: &str = include_str!("../../cql/read_version_ttl.cql");
 
 /// Double-quotes a name that `validate_identifier` accepted (so it holds no quote to escape).
 pub(crate) fn quote(name: &str) -> String {
@@ -107,10 +110,17 @@ pub(crate) struct Statements {
     pub(crate) delete_row: PreparedStatement,
     pub(crate) delete_statics: PreparedStatement,
     pub(crate) write_version: PreparedStatement,
-    pub(crate) audit_table: PreparedStatement,
     /// rewrite_entry + update_entry + write_version (the `patch` policy).
     pub(crate) patch_batch: Batch,
     pub(crate) audit_partition: PreparedStatement,
+    /// Every stored row key and the raw version tag (serial): `delete_cluster`.
+    pub(crate) read_keys: PreparedStatement,
+    /// Heartbeat elements with their write times and TTLs (commit level).
+    pub(crate) read_heartbeats: PreparedStatement,
+    /// A row's and the version's current TTL (commit level), before a write with expiry on.
+    pub(crate) read_ttls: PreparedStatement,
+    /// The version's current TTL (commit level), before an insert with expiry on.
+    pub(crate) read_version_ttl: PreparedStatement,
     profile: ConsistencyProfile,
 }
 
@@ -173,13 +183,16 @@ impl Statements {
             delete_row: prep(DELETE_ROW, commit).await?,
             delete_statics: prep(DELETE_STATICS, commit).await?,
             write_version: write_version.clone(),
-            audit_table: idempotent(prep(AUDIT_TABLE, commit).await?),
             patch_batch: batch(
                 profile,
                 request_timeout,
                 [&rewrite_entry, &update_entry, &write_version],
             ),
             audit_partition: idempotent(prep(AUDIT_PARTITION, commit).await?),
+            read_keys: idempotent(prep(READ_KEYS, serial_read).await?),
+            read_heartbeats: idempotent(prep(READ_HEARTBEATS, commit).await?),
+            read_ttls: idempotent(prep(READ_TTLS, commit).await?),
+            read_version_ttl: idempotent(prep(READ_VERSION_TTL, commit).await?),
             profile,
         })
     }

@@ -222,7 +222,7 @@ impl CassandraMembershipTable {
         new_etag: Uuid,
         expected: Option<Uuid>,
     ) -> WriteVersionValues<'_> {
-        self.version_values_in(self.pk(), version, new_etag, expected, self.write_ttl())
+        self.version_values_in(self.pk(), version, new_etag, expected, self.version_ttl())
     }
 
     /// `insert_row` / `update_row`: writes the whole entry and the next version in one
@@ -253,12 +253,14 @@ impl CassandraMembershipTable {
         let st = self.statements().await?;
         let key = entry.address.to_string();
         let (new_row_etag, new_version_etag) = (Uuid::new_v4(), Uuid::new_v4());
+        // With expiry on, a row or version without TTL keeps none (expiry.rs).
+        let (row_ttl, version_ttl) = self.ttls_for_write(&key, expected_row.is_none()).await?;
         let values = (
             UpdateEntryValues {
-                entry: self.entry_values(entry, &key, new_row_etag),
+                entry: self.entry_values_in(self.pk(), entry, &key, new_row_etag, row_ttl),
                 expected_etag: expected_row,
             },
-            self.version_values(version, new_version_etag, expected),
+            self.version_values_in(self.pk(), version, new_version_etag, expected, version_ttl),
         );
         let write = VersionedWrite {
             operation,

@@ -5,8 +5,10 @@
 mod utils;
 
 mod bounded;
+mod cassandra_only;
 mod conformance;
 mod expiry;
+mod expiry_policy;
 mod faults;
 mod outcomes;
 mod provider;

@@ -1,11 +1,12 @@
-//! Proves the node is a real Cassandra: TTL on a write is visible and the row expires.
+//! Proves the node is a real node of the configured backend (`CASSANDRA_BACKEND`): TTL on a write
+//! is visible and the row expires.
 
 use std::time::Duration;
 
-use crate::utils::{KEYSPACE, count_rows, session_with_keyspace, unique};
+use crate::utils::{Backend, KEYSPACE, backend, count_rows, session_with_keyspace, unique};
 
 #[tokio::test]
-async fn the_node_is_a_real_cassandra_that_expires_ttl_writes() {
+async fn the_node_is_the_configured_backend_and_expires_ttl_writes() {
     let s = session_with_keyspace().await;
     let version: (String,) = s
         .query_unpaged("SELECT release_version FROM system.local", ())
@@ -15,11 +16,33 @@ async fn the_node_is_a_real_cassandra_that_expires_ttl_writes() {
         .unwrap()
         .single_row()
         .unwrap();
-    assert!(
-        version.0.starts_with("5.0"),
-        "expected Apache Cassandra 5.0, found {}",
-        version.0
-    );
+    // ScyllaDB announces its shards in the protocol handshake (the driver then has a sharder for
+    // the node); Apache Cassandra does not. ScyllaDB reports a fixed Cassandra-compatible
+    // release_version, so the version check is Cassandra's alone.
+    let shard_aware = s
+        .get_cluster_state()
+        .get_nodes_info()
+        .iter()
+        .any(|node| node.sharder().is_some());
+    match backend() {
+        Backend::Cassandra => {
+            assert!(
+                version.0.starts_with("5.0"),
+                "expected Apache Cassandra 5.0, found release_version {}",
+                version.0
+            );
+            assert!(
+                !shard_aware,
+                "the node announces ScyllaDB shards: set CASSANDRA_BACKEND=scylla for a ScyllaDB node"
+            );
+        }
+        Backend::Scylla => assert!(
+            shard_aware,
+            "expected ScyllaDB (a shard-aware node), found a node without shards reporting \
+             release_version {}: unset CASSANDRA_BACKEND for Apache Cassandra",
+            version.0
+        ),
+    }
 
     let table = unique("smoke").replace('-', "_");
     s.query_unpaged(

@@ -1,4 +1,4 @@
-//! Shared test plumbing: the node's address, sessions, a keyspace per run, unique names.
+//! Shared test plumbing: the node's address and kind, sessions, a keyspace per run, unique names.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +22,27 @@ pub(crate) fn contact_points() -> Vec<String> {
         .map(|s| s.trim().to_owned())
         .filter(|s| !s.is_empty())
         .collect()
+}
+
+/// The kind of node the tests run against, from `CASSANDRA_BACKEND`: `cassandra` (the default) or
+/// `scylla`. The provider's contract is the same on both; a test whose expectation differs says so
+/// and asserts each backend's own, and Cassandra-only tests live in `cassandra_only`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Backend {
+    /// Apache Cassandra 5.0.
+    Cassandra,
+    /// ScyllaDB (tablets off, so conditional writes work: see docker-compose.yml).
+    Scylla,
+}
+
+/// The backend named by `CASSANDRA_BACKEND`. Panics on any other value: a typo must not run the
+/// Cassandra expectations against a ScyllaDB node, or the other way round.
+pub(crate) fn backend() -> Backend {
+    match std::env::var("CASSANDRA_BACKEND").as_deref() {
+        Err(_) | Ok("" | "cassandra") => Backend::Cassandra,
+        Ok("scylla") => Backend::Scylla,
+        Ok(other) => panic!("CASSANDRA_BACKEND={other:?}: expected \"cassandra\" or \"scylla\""),
+    }
 }
 
 /// A new session. Panics with instructions when no node answers: these tests never skip.

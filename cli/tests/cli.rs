@@ -1,0 +1,506 @@
+//! The built `cassandra-membership` binary against the real node at `CASSANDRA_CONTACT_POINTS`
+//! (default 127.0.0.1:9042). Each test prepares its own table through the library (keyspace
+//! `CM_CLI_TEST_KEYSPACE`, default `cm_cli_test`, created if missing), runs the binary and
+//! checks its exit code and its `--json` output. These tests never skip: no node, no pass.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use assert_cmd::Command;
+use cassandra_membership::{
+    CassandraClusteringOptions, CassandraMembershipTable, MembershipEntry, MembershipTable,
+    SiloAddress, SiloStatus, SuspectTime, Timestamp,
+};
+use serde_json::Value;
+
+/// Generous: the node is shared and conditional writes can be slow under load.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn contact_points() -> String {
+    std::env::var("CASSANDRA_CONTACT_POINTS").unwrap_or_else(|_| "127.0.0.1:9042".into())
+}
+
+fn keyspace() -> String {
+    std::env::var("CM_CLI_TEST_KEYSPACE").unwrap_or_else(|_| "cm_cli_test".into())
+}
+
+/// A table of its own for each test: the TTL audit and patch look at a whole table.
+fn unique_table() -> String {
+    format!("t_{}", uuid::Uuid::new_v4().simple())
+}
+
+const SERVICE: &str = "shop";
+
+fn options(table: &str, cluster: &str, ttl: bool) -> CassandraClusteringOptions {
+    let mut o = CassandraClusteringOptions::new(keyspace(), SERVICE, cluster)
+        .contact_points(contact_points().split(','))
+        .table(table)
+        .create_keyspace_simple(1)
+        .request_timeout(Duration::from_secs(30))
+        .ttl(ttl);
+    o.membership.defunct_silo_expiration = Duration::from_secs(3600);
+    o
+}
+
+/// Connects and initializes a cluster of a test table. Panics with instructions when no node
+/// answers: these tests never skip.
+async fn cluster(table: &str, cluster: &str, ttl: bool) -> CassandraMembershipTable {
+    let t = CassandraMembershipTable::connect(options(table, cluster, ttl))
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "no Cassandra node answers at {} ({e}); start one with scripts/cassandra.sh start",
+                contact_points()
+            )
+        });
+    t.initialize(true)
+        .await
+        .expect("initialize the test cluster");
+    t
+}
+
+fn addr(text: &str) -> SiloAddress {
+    text.parse().unwrap()
+}
+
+async fn insert(t: &CassandraMembershipTable, entry: MembershipEntry) {
+    let version = t.read_all().await.unwrap().version;
+    assert!(
+        t.insert_row(&entry, &version.next()).await.unwrap(),
+        "insert {}",
+        entry.address
+    );
+}
+
+/// Three entries: an Active one that heartbeats, a Dead one, a Joining one with a suspicion.
+async fn three_entries(t: &CassandraMembershipTable) {
+    let now = Timestamp::now();
+    let mut active = MembershipEntry::new(addr("10.0.0.1:11111@1"), SiloStatus::Active, now);
+    active.silo_name = "silo-a".into();
+    active.role_name = "frontend".into();
+    active.update_zone = 1;
+    active.fault_zone = 2;
+    insert(t, active).await;
+    let mut dead = MembershipEntry::new(addr("10.0.0.2:11111@1"), SiloStatus::Dead, now);
+    dead.silo_name = "silo-b".into();
+    insert(t, dead).await;
+    let mut joining = MembershipEntry::new(addr("10.0.0.3:11111@1"), SiloStatus::Joining, now);
+    joining.silo_name = "silo-c".into();
+    joining.suspect_times.push(SuspectTime {
+        suspecting_silo: addr("10.0.0.1:11111@1"),
+        time: now,
+    });
+    insert(t, joining).await;
+    t.update_i_am_alive(&addr("10.0.0.1:11111@1"), Timestamp::now())
+        .await
+        .unwrap();
+}
+
+async fn drop_table(t: &CassandraMembershipTable) {
+    // Best effort: a leftover table in the test keyspace harms nothing.
+    let _ = t
+        .session()
+        .query_unpaged(format!("DROP TABLE IF EXISTS {}", t.qualified_table()), ())
+        .await;
+}
+
+/// The binary with the connection flags of `table`, and no CASSANDRA_MEMBERSHIP_* variable
+/// from the caller's environment.
+fn cli(table: &str) -> Command {
+    let mut c = Command::cargo_bin("cassandra-membership").unwrap();
+    for (k, _) in std::env::vars() {
+        if k.starts_with("CASSANDRA_MEMBERSHIP_") {
+            c.env_remove(k);
+        }
+    }
+    c.timeout(COMMAND_TIMEOUT).args([
+        "--contact-points",
+        &contact_points(),
+        "--keyspace",
+        &keyspace(),
+        "--table",
+        table,
+        "--service",
+        SERVICE,
+        "--request-timeout",
+        "30s",
+    ]);
+    c
+}
+
+/// Runs, expects exit 0, parses stdout as JSON.
+fn json(c: &mut Command) -> Value {
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn text(c: &mut Command) -> String {
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn config_file(body: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("cm-cli-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, body).unwrap();
+    path
+}
+
+fn member<'a>(report: &'a Value, address: &str) -> &'a Value {
+    report["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["address"] == address)
+        .unwrap_or_else(|| panic!("{address} not in {report}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clusters_lists_every_cluster_with_counts_version_newest_heartbeat_and_version_ttl() {
+    let table = unique_table();
+    let blue = cluster(&table, "blue", true).await;
+    three_entries(&blue).await;
+    let green = cluster(&table, "green", true).await; // a version and no entries
+    let newest = blue
+        .read_all()
+        .await
+        .unwrap()
+        .rows
+        .iter()
+        .map(|r| r.entry.i_am_alive_time)
+        .max();
+    let blue_version = blue.read_all().await.unwrap().version.version;
+
+    let report = json(cli(&table).args(["clusters", "--json"]));
+    let list = report.as_array().unwrap();
+    assert_eq!(list.len(), 2, "{report}");
+    let find = |id: &str| list.iter().find(|c| c["cluster_id"] == id).unwrap();
+    let b = find("blue");
+    assert_eq!(b["service_id"], SERVICE);
+    assert_eq!(b["version"], blue_version);
+    assert_eq!(b["entries"], 3);
+    assert_eq!(b["entries_by_status"]["active"], 1);
+    assert_eq!(b["entries_by_status"]["dead"], 1);
+    assert_eq!(b["entries_by_status"]["joining"], 1);
+    assert_eq!(b["entries_by_status"]["shutting_down"], 0);
+    assert_eq!(b["newest_i_am_alive"], newest.unwrap().to_string());
+    // Written with TTL 3600 s (+ renewal slack): some of it is left, none beyond what is written.
+    let ttl = b["version_ttl_seconds"].as_u64().unwrap();
+    let written = blue.options().write_ttl_seconds();
+    assert!(
+        ttl > 3000 && ttl <= written,
+        "version TTL {ttl}, written {written}"
+    );
+    assert!(b["version_expires_at"].is_string());
+    assert!(b["error"].is_null());
+    let g = find("green");
+    assert_eq!(g["entries"], 0);
+    assert!(g["newest_i_am_alive"].is_null());
+    assert!(g["version"].is_u64());
+
+    let human = text(cli(&table).arg("clusters"));
+    assert!(human.contains("blue") && human.contains("green"), "{human}");
+    assert!(human.contains("1 active"), "{human}");
+    drop_table(&blue).await;
+    drop(green);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn members_shows_each_entry_with_status_zones_suspicions_ttl_and_marks() {
+    let table = unique_table();
+    let t = cluster(&table, "blue", true).await;
+    three_entries(&t).await;
+    // A row written by another program, with a status no silo writes: listed, not hidden.
+    t.session()
+        .query_unpaged(
+            format!(
+                "UPDATE {} SET status = 99 WHERE service_id = ? AND cluster_id = ? AND silo = ?",
+                t.qualified_table()
+            ),
+            (SERVICE, "blue", "by-hand"),
+        )
+        .await
+        .unwrap();
+
+    let report = json(cli(&table).args(["members", "--cluster", "blue", "--json"]));
+    assert_eq!(
+        report["unreadable"],
+        serde_json::json!(["by-hand"]),
+        "{report}"
+    );
+    assert_eq!(report["cluster_id"], "blue");
+    assert_eq!(report["members"].as_array().unwrap().len(), 3, "{report}");
+    let a = member(&report, "10.0.0.1:11111@1");
+    assert_eq!(a["status"], "active");
+    assert_eq!(a["silo_name"], "silo-a");
+    assert_eq!(a["role"], "frontend");
+    assert_eq!(a["update_zone"], 1);
+    assert_eq!(a["fault_zone"], 2);
+    assert_eq!(a["dead"], false);
+    assert_eq!(a["stale"], false);
+    assert_eq!(a["expiring"], false);
+    assert!(a["i_am_alive_age_seconds"].as_i64().unwrap() < 60, "{a}");
+    assert!(a["ttl_seconds"].as_u64().unwrap() > 3000, "{a}");
+    assert!(a["expires_at"].is_string());
+    let b = member(&report, "10.0.0.2:11111@1");
+    assert_eq!(b["status"], "dead");
+    assert_eq!(b["dead"], true);
+    assert_eq!(
+        b["expiring"], true,
+        "a Dead entry with a TTL is nobody's to renew"
+    );
+    let c = member(&report, "10.0.0.3:11111@1");
+    assert_eq!(c["status"], "joining");
+    assert_eq!(c["suspicions"][0]["suspecting_silo"], "10.0.0.1:11111@1");
+
+    let human = text(cli(&table).args(["members", "--cluster", "blue"]));
+    let dead_line = human
+        .lines()
+        .find(|l| l.contains("10.0.0.2:11111@1"))
+        .unwrap();
+    assert!(dead_line.contains("DEAD"), "{human}");
+    let active_line = human
+        .lines()
+        .find(|l| l.contains("10.0.0.1:11111@1"))
+        .unwrap();
+    assert!(
+        !active_line.contains("DEAD") && active_line.contains("u1 f2"),
+        "{human}"
+    );
+    drop_table(&t).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn audit_reports_what_patch_would_do_and_patch_does_it() {
+    let table = unique_table();
+    // Written without expiry; then audited and patched by an operator whose config turns it on.
+    let t = cluster(&table, "blue", false).await;
+    three_entries(&t).await;
+    let config = config_file(
+        "cluster_id = \"blue\"\nttl = true\nttl_mismatch = \"throw\"\n[membership]\ndefunct_silo_expiration = \"1h\"\n",
+    );
+    let config = config.to_str().unwrap();
+
+    let audit = json(cli(&table).args(["--config", config, "audit", "--json"]));
+    assert_eq!(audit["agrees"], false, "{audit}");
+    assert_eq!(audit["table_default_ttl_seconds"], 0);
+    assert_eq!(audit["configured_ttl_seconds"], 3600);
+    // Three entries and the version, all without TTL: each would be rewritten with one.
+    assert_eq!(audit["rows_disagreeing"], 4, "{audit}");
+    for row in audit["rows"].as_array().unwrap() {
+        assert_eq!(row["action"], "rewrite", "{row}");
+        assert!(row["current_ttl_seconds"].is_null());
+        assert!(row["new_ttl_seconds"].as_u64().unwrap() > 3000, "{row}");
+    }
+    // Read-only: a second audit finds the same.
+    let again = json(cli(&table).args(["--config", config, "audit", "--json"]));
+    assert_eq!(again["rows_disagreeing"], 4);
+    assert!(text(cli(&table).args(["--config", config, "audit"])).contains("rewrite, expire in"));
+
+    let patch = json(cli(&table).args(["--config", config, "patch", "--json"]));
+    assert_eq!(patch["before"]["rows_disagreeing"], 4, "{patch}");
+    assert_eq!(patch["after"]["agrees"], true, "{patch}");
+    assert_eq!(patch["after"]["table_default_ttl_seconds"], 3600);
+    let members = json(cli(&table).args(["--config", config, "members", "--json"]));
+    for m in members["members"].as_array().unwrap() {
+        assert!(m["ttl_seconds"].as_u64().unwrap() > 3000, "{m}");
+    }
+    // Nothing left to do.
+    let patch = json(cli(&table).args(["--config", config, "patch", "--json"]));
+    assert_eq!(patch["before"]["agrees"], true, "{patch}");
+    drop_table(&t).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cleanup_removes_old_defunct_entries_and_reports_how_many() {
+    let table = unique_table();
+    let t = cluster(&table, "blue", false).await;
+    let long_ago = Timestamp::now().saturating_sub(Duration::from_secs(10 * 24 * 3600));
+    insert(
+        &t,
+        MembershipEntry::new(addr("10.0.0.9:1@1"), SiloStatus::Dead, long_ago),
+    )
+    .await;
+    insert(
+        &t,
+        MembershipEntry::new(addr("10.0.0.8:1@1"), SiloStatus::Dead, Timestamp::now()),
+    )
+    .await;
+    insert(
+        &t,
+        MembershipEntry::new(addr("10.0.0.7:1@1"), SiloStatus::Active, long_ago),
+    )
+    .await;
+
+    let report = json(cli(&table).args([
+        "--cluster",
+        "blue",
+        "cleanup",
+        "--older-than",
+        "7d",
+        "--json",
+    ]));
+    assert_eq!(report["removed"], 1, "{report}");
+    assert_eq!(report["older_than_seconds"], 7 * 24 * 3600);
+    let left: Vec<String> = t
+        .read_all()
+        .await
+        .unwrap()
+        .rows
+        .iter()
+        .map(|r| r.entry.address.to_string())
+        .collect();
+    assert_eq!(left, ["10.0.0.7:1@1", "10.0.0.8:1@1"]);
+    let human = text(cli(&table).args(["--cluster", "blue", "cleanup", "--older-than", "7d"]));
+    assert!(human.starts_with("removed 0 defunct entries"), "{human}");
+    drop_table(&t).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn delete_cluster_says_what_it_deletes_refuses_without_yes_and_deletes_with_it() {
+    let table = unique_table();
+    let t = cluster(&table, "doomed", false).await;
+    three_entries(&t).await;
+    let keep = cluster(&table, "kept", false).await;
+    insert(
+        &keep,
+        MembershipEntry::new(addr("10.0.1.1:1@1"), SiloStatus::Active, Timestamp::now()),
+    )
+    .await;
+
+    let out = cli(&table)
+        .args(["delete-cluster", "doomed"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("3 entries") && stderr.contains("--yes"),
+        "{stderr}"
+    );
+    assert_eq!(
+        t.read_all().await.unwrap().rows.len(),
+        3,
+        "nothing deleted without --yes"
+    );
+
+    let report = json(cli(&table).args(["delete-cluster", "doomed", "--yes", "--json"]));
+    assert_eq!(report["deleted"], true);
+    assert_eq!(report["entries"], 3);
+    assert!(t.read_all().await.unwrap().rows.is_empty());
+    assert_eq!(
+        keep.read_all().await.unwrap().rows.len(),
+        1,
+        "only that cluster"
+    );
+    let clusters = json(cli(&table).args(["clusters", "--json"]));
+    let ids: Vec<&str> = clusters
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["cluster_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["kept"]);
+    drop_table(&t).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_prints_members_at_every_refresh() {
+    let table = unique_table();
+    let t = cluster(&table, "blue", false).await;
+    three_entries(&t).await;
+    let out = text(cli(&table).args([
+        "--cluster",
+        "blue",
+        "watch",
+        "--interval",
+        "300ms",
+        "--iterations",
+        "2",
+        "--json",
+    ]));
+    let docs: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(docs.len(), 2, "{out}");
+    for d in docs {
+        assert_eq!(d["members"].as_array().unwrap().len(), 3);
+    }
+    drop_table(&t).await;
+}
+
+#[test]
+fn a_bad_config_file_is_exit_2_naming_the_option() {
+    let unknown = config_file("keyspace = \"orleans\"\nrequest_timout = \"5s\"\n");
+    let out = cli("membership")
+        .args(["--config", unknown.to_str().unwrap(), "clusters"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("request_timout"),
+        "{out:?}"
+    );
+
+    let invalid = config_file("page_size = 0\n");
+    let out = Command::cargo_bin("cassandra-membership")
+        .unwrap()
+        .args(["--config", invalid.to_str().unwrap(), "members"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("page_size"),
+        "{out:?}"
+    );
+
+    let out = cli("membership").arg("no-such-command").output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
+#[test]
+fn an_unreachable_node_is_exit_1_within_the_timeout_and_credentials_are_never_echoed() {
+    let started = Instant::now();
+    let out = Command::cargo_bin("cassandra-membership")
+        .unwrap()
+        .env("CASSANDRA_MEMBERSHIP_USERNAME", "operator")
+        .env("CASSANDRA_MEMBERSHIP_PASSWORD", "pa55-never-printed")
+        .timeout(COMMAND_TIMEOUT)
+        .args([
+            "--contact-points",
+            "127.0.0.1:1",
+            "--request-timeout",
+            "3s",
+            "clusters",
+        ])
+        .output()
+        .unwrap();
+    let elapsed = started.elapsed();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    // The whole attempt is bounded by twice the request timeout.
+    assert!(
+        elapsed < Duration::from_secs(6) + Duration::from_secs(2),
+        "{elapsed:?}"
+    );
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(all.contains("unavailable during connect"), "{all}");
+    assert!(!all.contains("pa55-never-printed"), "{all}");
+}

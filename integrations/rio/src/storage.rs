@@ -1,0 +1,452 @@
+//! [`CassandraMembershipStorage`]: rio's `MembershipStorage` on a membership table.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use cassandra_membership::{
+    CassandraClusteringOptions, CassandraMembershipTable, HeartbeatOutcome, MembershipEntry,
+    MembershipError, MembershipTable, Result, SiloAddress, SiloStatus, SuspectTime, Timestamp,
+};
+use chrono::{DateTime, Utc};
+use rio_rs::cluster::storage::{Member, MembershipResult, MembershipStorage, MembershipUnitResult};
+use rio_rs::errors::MembershipError as RioError;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use crate::RioStorageOptions;
+use crate::mapping::{self, endpoint, live_row, next_generation, older_incarnations, status_for};
+
+/// rio's [`MembershipStorage`] on a [`MembershipTable`] — normally a [`CassandraMembershipTable`].
+///
+/// Clones share one table value and one set of leases. A member pushed through a value is kept
+/// alive (its I-am-alive published every [`RioStorageOptions::heartbeat_period`]) until it is
+/// removed or every clone of the value is dropped; see the crate docs for the whole mapping.
+#[derive(Clone)]
+pub struct CassandraMembershipStorage {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    table: Arc<dyn MembershipTable>,
+    options: RioStorageOptions,
+    /// The members this value pushed and keeps alive, by endpoint.
+    own: Mutex<HashMap<SocketAddr, Own>>,
+}
+
+struct Own {
+    address: SiloAddress,
+    keeper: JoinHandle<()>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The last clone is gone: so is the server that pushed these members.
+        if let Ok(own) = self.own.get_mut() {
+            for (_, o) in own.drain() {
+                o.keeper.abort();
+            }
+        }
+    }
+}
+
+impl fmt::Debug for CassandraMembershipStorage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CassandraMembershipStorage")
+            .field("cluster_id", &self.inner.table.cluster_id())
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a conditional change of a member's entry did.
+#[derive(Debug, PartialEq, Eq)]
+enum Change {
+    Written,
+    /// The entry already said what the change would write.
+    Unchanged,
+    /// No incarnation at that endpoint is live (none, Dead, or gone).
+    NoLiveEntry,
+}
+
+impl CassandraMembershipStorage {
+    /// Connects to Cassandra with `options`, creates what is missing (keyspace only if
+    /// `create_keyspace_with_replication` says so, table, version) and returns the storage of
+    /// `options.cluster_id`. Heartbeat period and missed-heartbeat limit come from
+    /// `options.membership` ([`RioStorageOptions::from_membership`]).
+    pub async fn connect(options: CassandraClusteringOptions) -> Result<Self> {
+        let rio = RioStorageOptions::from_membership(&options.membership);
+        let table = CassandraMembershipTable::connect(options).await?;
+        Self::with_table(Arc::new(table), rio).await
+    }
+
+    /// The storage on a table the host already has (any backend, e.g. the in-memory table in a
+    /// host's own tests). Validates `options` and initializes the table (idempotent).
+    pub async fn with_table(
+        table: Arc<dyn MembershipTable>,
+        options: RioStorageOptions,
+    ) -> Result<Self> {
+        options.validate()?;
+        options.validate_against_ttl(table.storage_expiry().ttl)?;
+        table.initialize(true).await?;
+        Ok(CassandraMembershipStorage {
+            inner: Arc::new(Inner {
+                table,
+                options,
+                own: Mutex::default(),
+            }),
+        })
+    }
+
+    /// The table the members live in.
+    pub fn table(&self) -> &Arc<dyn MembershipTable> {
+        &self.inner.table
+    }
+
+    /// The incarnation (address and generation) this value keeps alive for `ip:port`, if it
+    /// pushed one.
+    pub fn incarnation(&self, ip: &str, port: &str) -> Option<SiloAddress> {
+        let ep = endpoint(ip, port).ok()?;
+        self.own().get(&ep).map(|o| o.address)
+    }
+
+    fn own(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, Own>> {
+        // A panic while holding this lock cannot leave the map inconsistent (single inserts/removes).
+        self.inner.own.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn gone_after(&self) -> Duration {
+        self.inner.options.gone_after()
+    }
+
+    /// Who a failure notice names as suspecting silo: the member this value pushed (the server
+    /// itself), or `0.0.0.0:0@0` when it pushed none (rio's failure notices carry no sender).
+    fn observer(&self) -> SiloAddress {
+        self.own()
+            .values()
+            .map(|o| o.address)
+            .min()
+            .unwrap_or(SiloAddress::new(
+                SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0),
+                0,
+            ))
+    }
+
+    async fn backoff(attempt: u32) {
+        // Jitter so that servers that lost the same race do not collide again.
+        let jitter = u64::from(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .subsec_nanos()
+                % 20,
+        );
+        let ms = 10u64.saturating_mul(u64::from(attempt.min(10))) + jitter;
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+
+    fn contention(&self, operation: &'static str, started: Instant) -> MembershipError {
+        MembershipError::Contention {
+            operation,
+            attempts: self.inner.options.write_attempts,
+            elapsed: started.elapsed(),
+        }
+    }
+
+    /// Applies `change` to the live incarnation at `ep`, conditionally on what was read, retrying
+    /// when another writer was first. `change` returns `None` when the entry already holds what
+    /// it would write: that is also how a write whose outcome was unknown is recognised on the
+    /// re-read.
+    async fn change(
+        &self,
+        operation: &'static str,
+        ep: SocketAddr,
+        change: impl Fn(&MembershipEntry) -> Option<MembershipEntry>,
+    ) -> Result<Change> {
+        let table = &self.inner.table;
+        let started = Instant::now();
+        for attempt in 1..=self.inner.options.write_attempts {
+            let snapshot = table.read_all().await?;
+            let Some(row) = live_row(&snapshot, ep, Timestamp::now(), self.gone_after()) else {
+                return Ok(Change::NoLiveEntry);
+            };
+            let Some(new) = change(&row.entry) else {
+                return Ok(Change::Unchanged);
+            };
+            match table
+                .update_row(&new, &row.etag, &snapshot.version.next())
+                .await
+            {
+                Ok(true) => return Ok(Change::Written),
+                Ok(false) => Self::backoff(attempt).await,
+                Err(e) if e.is_outcome_unknown() => {
+                    warn!(operation, error = %e, "re-reading to learn the outcome")
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(self.contention(operation, started))
+    }
+
+    /// `push`: a new incarnation of the endpoint, then the older ones declared Dead.
+    #[tracing::instrument(skip(self), fields(cluster = self.inner.table.cluster_id()), err)]
+    async fn push_member(&self, ep: SocketAddr, active: bool) -> Result<SiloAddress> {
+        let address = self.insert_incarnation(ep, status_for(active)).await?;
+        self.keep_alive(address);
+        self.retire_older(address).await?;
+        info!(%address, "member pushed");
+        Ok(address)
+    }
+
+    async fn insert_incarnation(&self, ep: SocketAddr, status: SiloStatus) -> Result<SiloAddress> {
+        let table = &self.inner.table;
+        let started = Instant::now();
+        for attempt in 1..=self.inner.options.write_attempts {
+            let snapshot = table.read_all().await?;
+            let now = Timestamp::now();
+            let address = SiloAddress::new(ep, next_generation(&snapshot, ep, now));
+            let mut entry = MembershipEntry::new(address, status, now);
+            entry.host_name = ep.ip().to_string();
+            entry.role_name = "rio".to_owned();
+            match table.insert_row(&entry, &snapshot.version.next()).await {
+                Ok(true) => return Ok(address),
+                Ok(false) => Self::backoff(attempt).await,
+                Err(e) if e.is_outcome_unknown() => {
+                    // The generation is new, so its row exists exactly when this insert applied.
+                    if !table.read_row(&address).await?.rows.is_empty() {
+                        return Ok(address);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(self.contention("push", started))
+    }
+
+    async fn retire_older(&self, current: SiloAddress) -> Result<()> {
+        let table = &self.inner.table;
+        let started = Instant::now();
+        for attempt in 1..=self.inner.options.write_attempts {
+            let snapshot = table.read_all().await?;
+            let Some(old) = older_incarnations(&snapshot, current).into_iter().next() else {
+                return Ok(());
+            };
+            let mut dead = old.entry.clone();
+            dead.status = SiloStatus::Dead;
+            match table
+                .update_row(&dead, &old.etag, &snapshot.version.next())
+                .await
+            {
+                Ok(true) => info!(address = %dead.address, "older incarnation declared Dead"),
+                Ok(false) => Self::backoff(attempt).await,
+                Err(e) if e.is_outcome_unknown() => {
+                    warn!(error = %e, "re-reading to learn the outcome")
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(self.contention("push", started))
+    }
+
+    /// Starts (or restarts) renewing `address`'s lease from this process.
+    fn keep_alive(&self, address: SiloAddress) {
+        let keeper = tokio::spawn(keep_lease(
+            Arc::downgrade(&self.inner),
+            address,
+            self.inner.options.heartbeat_period,
+        ));
+        if let Some(old) = self
+            .own()
+            .insert(address.endpoint(), Own { address, keeper })
+        {
+            old.keeper.abort();
+        }
+    }
+
+    /// `remove`: every incarnation of the endpoint that is not Dead yet is declared Dead (the
+    /// table has no unversioned delete of one entry; Dead is Orleans' "left for good").
+    #[tracing::instrument(skip(self), fields(cluster = self.inner.table.cluster_id()), err)]
+    async fn remove_member(&self, ep: SocketAddr) -> Result<usize> {
+        if let Some(o) = self.own().remove(&ep) {
+            o.keeper.abort();
+        }
+        let table = &self.inner.table;
+        let started = Instant::now();
+        let mut removed = 0;
+        for attempt in 1..=self.inner.options.write_attempts {
+            let snapshot = table.read_all().await?;
+            let Some(row) = snapshot
+                .rows
+                .iter()
+                .find(|r| r.entry.address.endpoint() == ep && r.entry.status != SiloStatus::Dead)
+            else {
+                return Ok(removed);
+            };
+            let mut dead = row.entry.clone();
+            dead.status = SiloStatus::Dead;
+            match table
+                .update_row(&dead, &row.etag, &snapshot.version.next())
+                .await
+            {
+                Ok(true) => removed += 1,
+                Ok(false) => Self::backoff(attempt).await,
+                Err(e) if e.is_outcome_unknown() => {
+                    warn!(error = %e, "re-reading to learn the outcome")
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(self.contention("remove", started))
+    }
+
+    #[tracing::instrument(skip(self), fields(cluster = self.inner.table.cluster_id()), err)]
+    async fn set_member_active(&self, ep: SocketAddr, active: bool) -> Result<()> {
+        let status = status_for(active);
+        let done = self
+            .change("set_is_active", ep, |e| {
+                (e.status != status).then(|| MembershipEntry {
+                    status,
+                    ..e.clone()
+                })
+            })
+            .await?;
+        debug!(?done);
+        Ok(())
+    }
+
+    #[tracing::instrument(skip(self), fields(cluster = self.inner.table.cluster_id()), err)]
+    async fn record_failure(&self, ep: SocketAddr) -> Result<()> {
+        let notice = SuspectTime {
+            suspecting_silo: self.observer(),
+            time: Timestamp::now(),
+        };
+        let kept = self.inner.options.failures_kept;
+        let done = self
+            .change("notify_failure", ep, |e| {
+                if e.suspect_times.contains(&notice) {
+                    return None;
+                }
+                let mut new = e.clone();
+                new.suspect_times.push(notice.clone());
+                let excess = new.suspect_times.len().saturating_sub(kept);
+                new.suspect_times.drain(..excess);
+                Some(new)
+            })
+            .await?;
+        if done == Change::NoLiveEntry {
+            // Suspicions live on the suspected entry; without a live one there is nothing to
+            // suspect, and writing would keep a gone server's row alive.
+            debug!("no live entry at this address: failure not recorded");
+        }
+        Ok(())
+    }
+
+    #[tracing::instrument(skip(self), fields(cluster = self.inner.table.cluster_id()), err)]
+    async fn failures_of(&self, ep: SocketAddr) -> Result<Vec<DateTime<Utc>>> {
+        let snapshot = self.inner.table.read_all().await?;
+        Ok(live_row(&snapshot, ep, Timestamp::now(), self.gone_after())
+            .map(|r| {
+                r.entry
+                    .suspect_times
+                    .iter()
+                    .map(|s| mapping::to_utc(s.time))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    #[tracing::instrument(skip(self), fields(cluster = self.inner.table.cluster_id()), err)]
+    async fn list_members(&self) -> Result<Vec<Member>> {
+        let snapshot = self.inner.table.read_all().await?;
+        Ok(mapping::members(
+            &snapshot,
+            Timestamp::now(),
+            self.gone_after(),
+        ))
+    }
+}
+
+/// Publishes `address`'s I-am-alive every `period` while a clone of the storage lives, until
+/// the entry is missing or Dead.
+async fn keep_lease(inner: Weak<Inner>, address: SiloAddress, period: Duration) {
+    let mut wait = period;
+    loop {
+        tokio::time::sleep(wait).await;
+        let Some(inner) = inner.upgrade() else { return };
+        match inner
+            .table
+            .update_i_am_alive(&address, Timestamp::now())
+            .await
+        {
+            Ok(HeartbeatOutcome::Refreshed { .. }) => wait = period,
+            Ok(outcome) => {
+                warn!(%address, ?outcome, "entry missing or declared Dead: no longer renewing its lease");
+                let mut own = inner.own.lock().unwrap_or_else(|p| p.into_inner());
+                if own
+                    .get(&address.endpoint())
+                    .is_some_and(|o| o.address == address)
+                {
+                    own.remove(&address.endpoint());
+                }
+                return;
+            }
+            // A missed heartbeat is retried sooner; the lease has room for several.
+            Err(e) => {
+                warn!(%address, error = %e, "heartbeat failed");
+                wait = period / 4;
+            }
+        }
+    }
+}
+
+fn upstream(e: MembershipError) -> RioError {
+    // rio's error carries text only: keep the whole source chain in it.
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    RioError::Upstream(text)
+}
+
+#[async_trait]
+impl MembershipStorage for CassandraMembershipStorage {
+    async fn push(&self, member: Member) -> MembershipUnitResult {
+        let ep = endpoint(member.ip(), member.port())?;
+        self.push_member(ep, member.active())
+            .await
+            .map(drop)
+            .map_err(upstream)
+    }
+
+    async fn remove(&self, ip: &str, port: &str) -> MembershipUnitResult {
+        let ep = endpoint(ip, port)?;
+        self.remove_member(ep).await.map(drop).map_err(upstream)
+    }
+
+    async fn set_is_active(&self, ip: &str, port: &str, is_active: bool) -> MembershipUnitResult {
+        let ep = endpoint(ip, port)?;
+        self.set_member_active(ep, is_active)
+            .await
+            .map_err(upstream)
+    }
+
+    async fn members(&self) -> MembershipResult<Vec<Member>> {
+        self.list_members().await.map_err(upstream)
+    }
+
+    async fn notify_failure(&self, ip: &str, port: &str) -> MembershipUnitResult {
+        let ep = endpoint(ip, port)?;
+        self.record_failure(ep).await.map_err(upstream)
+    }
+
+    async fn member_failures(&self, ip: &str, port: &str) -> MembershipResult<Vec<DateTime<Utc>>> {
+        let ep = endpoint(ip, port)?;
+        self.failures_of(ep).await.map_err(upstream)
+    }
+}

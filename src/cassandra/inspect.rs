@@ -1,0 +1,273 @@
+//! Read-only inspection for operators: the clusters a table holds, and each cluster's entries
+//! with the time they have left before storage-side expiry.
+//!
+//! Entries and the version come from the provider's own linearizable partition read; the
+//! remaining TTLs come from one extra plain read of `TTL(...)`, matched to entries by silo key.
+//! The two are not one snapshot: an entry rewritten in between shows its new TTL, which is
+//! what an operator wants to see anyway.
+
+use std::time::Duration;
+
+use scylla::DeserializeRow;
+use scylla::response::{PagingState, PagingStateResponse};
+use scylla::statement::Consistency;
+use scylla::statement::prepared::PreparedStatement;
+use tracing::{Span, instrument};
+
+use super::driver_errors::to_error;
+use super::options::ConsistencyProfile;
+use super::statements::bind_table;
+use super::values::Pk;
+use super::{CassandraMembershipTable, bump};
+use crate::error::{MembershipError, Result};
+use crate::model::{ETag, MembershipEntry, SiloStatus, TableVersion, Timestamp};
+
+const LIST_CLUSTERS: &str = include_str!("../../cql/list_clusters.cql");
+const INSPECT_TTLS: &str = include_str!("../../cql/inspect_ttls.cql");
+
+/// One entry of a cluster as an operator sees it: the entry (with its latest heartbeat merged
+/// in), its row tag, and how long storage keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EntryInspection {
+    /// The entry, I-am-alive time from the latest heartbeat of its incarnation.
+    pub entry: MembershipEntry,
+    /// The row tag.
+    pub etag: ETag,
+    /// The remaining TTL of the row's cells in seconds; `None`: the row never expires.
+    pub ttl_seconds: Option<u32>,
+    /// When storage will remove the row unless it is renewed first (read time + TTL).
+    pub expires_at: Option<Timestamp>,
+}
+
+/// One cluster (partition) of a table, read for an operator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClusterInspection {
+    /// The service id.
+    pub service_id: String,
+    /// The cluster id.
+    pub cluster_id: String,
+    /// The table version ([`TableVersion::absent`] when the cluster has none).
+    pub version: TableVersion,
+    /// The remaining TTL of the version in seconds; `None`: it never expires (or is absent).
+    pub version_ttl_seconds: Option<u32>,
+    /// Every readable entry, ordered by silo address.
+    pub entries: Vec<EntryInspection>,
+    /// Keys of rows that could not be decoded (written by hand or another program).
+    pub unreadable: Vec<String>,
+    /// When the cluster was read (the local clock), the origin of every `expires_at`.
+    pub read_at: Timestamp,
+}
+
+impl ClusterInspection {
+    /// How many entries have `status`.
+    pub fn count(&self, status: SiloStatus) -> usize {
+        self.entries
+            .iter()
+            .filter(|e| e.entry.status == status)
+            .count()
+    }
+
+    /// The latest I-am-alive time of any entry.
+    pub fn newest_i_am_alive(&self) -> Option<Timestamp> {
+        self.entries.iter().map(|e| e.entry.i_am_alive_time).max()
+    }
+
+    /// When the version will expire unless renewed (read time + TTL); `None`: never.
+    pub fn version_expires_at(&self) -> Option<Timestamp> {
+        expires(self.read_at, self.version_ttl_seconds)
+    }
+}
+
+fn expires(read_at: Timestamp, ttl_seconds: Option<u32>) -> Option<Timestamp> {
+    ttl_seconds.map(|t| read_at.saturating_add(Duration::from_secs(u64::from(t))))
+}
+
+#[derive(DeserializeRow)]
+struct ClusterKeyRow {
+    service_id: Option<String>,
+    cluster_id: Option<String>,
+}
+
+#[derive(DeserializeRow)]
+struct TtlRow {
+    silo: Option<String>,
+    etag_ttl: Option<i32>,
+    version_ttl: Option<i32>,
+}
+
+/// A TTL as Cassandra reports it: null or non-positive means none.
+fn ttl_of(ttl: Option<i32>) -> Option<u32> {
+    ttl.and_then(|t| u32::try_from(t).ok()).filter(|&t| t > 0)
+}
+
+impl CassandraMembershipTable {
+    /// Every `(service_id, cluster_id)` that has data in the table, of every service, in token
+    /// order. One paged scan of partition keys (a plain read, at the commit level).
+    #[instrument(level = "info", skip(self), fields(table = %self.shared.qualified, clusters))]
+    pub async fn list_clusters(&self) -> Result<Vec<(String, String)>> {
+        let statement = self.prepare_inspect(LIST_CLUSTERS, "list_clusters").await?;
+        let mut out = Vec::new();
+        let mut paging = PagingState::start();
+        loop {
+            bump(&self.shared.counters.reads);
+            let (result, next) = self
+                .session_ref()
+                .execute_single_page(&statement, (), paging)
+                .await
+                .map_err(|e| to_error("list_clusters", e))?;
+            let rows = result
+                .into_rows_result()
+                .map_err(|e| MembershipError::corrupt(None, format!("cluster listing: {e}")))?;
+            for row in rows
+                .rows::<ClusterKeyRow>()
+                .map_err(|e| self.shape_error(e))?
+            {
+                let row = row.map_err(|e| self.shape_error(e))?;
+                if let (Some(s), Some(c)) = (row.service_id, row.cluster_id) {
+                    out.push((s, c));
+                }
+            }
+            match next {
+                PagingStateResponse::HasMorePages { state } => paging = state,
+                PagingStateResponse::NoMorePages => break,
+            }
+        }
+        Span::current().record("clusters", out.len());
+        Ok(out)
+    }
+
+    /// This table's own cluster, for an operator: see [`Self::inspect_cluster`].
+    pub async fn inspect(&self) -> Result<ClusterInspection> {
+        let service_id = self.service_id().to_owned();
+        let cluster_id = self.cluster_id.clone();
+        self.inspect_cluster(&service_id, &cluster_id).await
+    }
+
+    /// Reads one cluster of any service in the table for an operator: its version and entries
+    /// (the provider's linearizable read), and the remaining TTL of each (one plain read).
+    /// Writes nothing. A damaged version is [`MembershipError::CorruptData`].
+    #[instrument(level = "info", skip(self), fields(table = %self.shared.qualified, entries))]
+    pub async fn inspect_cluster(
+        &self,
+        service_id: &str,
+        cluster_id: &str,
+    ) -> Result<ClusterInspection> {
+        if service_id.is_empty() || cluster_id.is_empty() {
+            return Err(MembershipError::config(
+                if service_id.is_empty() {
+                    "service_id"
+                } else {
+                    "cluster_id"
+                },
+                "must not be empty",
+            ));
+        }
+        let pk = Pk {
+            service_id,
+            cluster_id,
+        };
+        let read = self.read_partition(pk).await?;
+        let read_at = Timestamp::now();
+        let ttls = self.read_ttls(pk).await?;
+        let version_ttl_seconds = ttls.first().and_then(|r| ttl_of(r.version_ttl));
+        let snapshot = read.snapshot();
+        let entries: Vec<EntryInspection> = snapshot
+            .rows
+            .into_iter()
+            .map(|row| {
+                let key = row.entry.address.to_string();
+                let ttl_seconds = ttls
+                    .iter()
+                    .find(|t| t.silo.as_deref() == Some(key.as_str()))
+                    .and_then(|t| ttl_of(t.etag_ttl));
+                EntryInspection {
+                    entry: row.entry,
+                    etag: row.etag,
+                    ttl_seconds,
+                    expires_at: expires(read_at, ttl_seconds),
+                }
+            })
+            .collect();
+        // Rows the read skipped as damaged still show up here: name them. (A row inserted
+        // between the two reads shows up too; the next inspection reads it.)
+        let unreadable = ttls
+            .iter()
+            .filter_map(|t| t.silo.clone())
+            .filter(|silo| {
+                !entries.iter().any(|e| &e.entry.address.to_string() == silo)
+                    && !read.empty_rows.contains(silo)
+            })
+            .collect();
+        Span::current().record("entries", entries.len());
+        Ok(ClusterInspection {
+            service_id: service_id.to_owned(),
+            cluster_id: cluster_id.to_owned(),
+            version: read.version,
+            version_ttl_seconds,
+            entries,
+            unreadable,
+            read_at,
+        })
+    }
+
+    async fn read_ttls(&self, pk: Pk<'_>) -> Result<Vec<TtlRow>> {
+        let statement = self.prepare_inspect(INSPECT_TTLS, "inspect").await?;
+        let mut out = Vec::new();
+        let mut paging = PagingState::start();
+        loop {
+            bump(&self.shared.counters.reads);
+            let (result, next) = self
+                .session_ref()
+                .execute_single_page(&statement, pk, paging)
+                .await
+                .map_err(|e| to_error("inspect", e))?;
+            let rows = result
+                .into_rows_result()
+                .map_err(|e| MembershipError::corrupt(None, format!("TTL read: {e}")))?;
+            for row in rows.rows::<TtlRow>().map_err(|e| self.shape_error(e))? {
+                out.push(row.map_err(|e| self.shape_error(e))?);
+            }
+            match next {
+                PagingStateResponse::HasMorePages { state } => paging = state,
+                PagingStateResponse::NoMorePages => return Ok(out),
+            }
+        }
+    }
+
+    /// Prepares an inspection statement on demand: operators' reads are rare, so they do not
+    /// join the statements every silo prepares at start.
+    async fn prepare_inspect(
+        &self,
+        cql: &'static str,
+        operation: &'static str,
+    ) -> Result<PreparedStatement> {
+        let o = self.opts();
+        let mut p = self
+            .session_ref()
+            .prepare(bind_table(cql, &self.shared.qualified))
+            .await
+            .map_err(|e| match e {
+                // Preparing fails when the table is missing or has another shape.
+                scylla::errors::PrepareError::AllAttemptsFailed { .. } => {
+                    MembershipError::SchemaMismatch {
+                        table: self.shared.qualified.clone(),
+                        detail: format!("the inspection statements do not prepare: {e}"),
+                    }
+                }
+                other => MembershipError::Unavailable {
+                    operation,
+                    source: Box::new(other),
+                },
+            })?;
+        p.set_consistency(match o.consistency {
+            ConsistencyProfile::Quorum => Consistency::Quorum,
+            ConsistencyProfile::LocalQuorum => Consistency::LocalQuorum,
+        });
+        p.set_request_timeout(Some(o.request_timeout));
+        p.set_page_size(i32::try_from(o.page_size).unwrap_or(i32::MAX));
+        p.set_is_idempotent(true);
+        Ok(p)
+    }
+}
