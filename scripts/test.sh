@@ -139,6 +139,8 @@ cargo test --workspace --doc
 step "rio adapter: the three-server example"
 cargo run -p cassandra-membership-rio --example rio_cluster
 step "TLS and authentication (a node on 127.0.0.9 that speaks only TLS and asks for a password)"
+# Whatever the runtime of the main node, this one runs from Maven on Java 17 (or set
+# CASSANDRA_SECURE_CONTACT_POINT and CASSANDRA_SECURE_CERT to a node of yours configured alike).
 if [ -z "${CASSANDRA_SECURE_CONTACT_POINT:-}" ]; then
   status=$(scripts/cassandra.sh status)
   if [[ "$status" != *"node 9: up"* ]]; then

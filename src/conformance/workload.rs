@@ -45,7 +45,7 @@ pub struct Failure {
     pub kind: String,
     /// How long the call took.
     pub took: Duration,
-    /// The error's text.
+    /// The error, with its sources.
     pub detail: String,
 }
 
@@ -106,7 +106,7 @@ impl Shared {
                 operation,
                 kind: kind(e),
                 took,
-                detail: e.to_string(),
+                detail: format!("{e:?}"),
             }),
         }
     }

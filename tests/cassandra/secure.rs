@@ -190,8 +190,8 @@ async fn wrong_credentials_are_an_authentication_error_that_names_the_user_not_t
         .expect_err("a wrong password must not connect");
     // A transient `Unavailable` would make hosts retry forever with the same wrong password.
     assert!(
-        !matches!(err, MembershipError::Unavailable { .. }),
-        "wrong credentials are not a transient outage: {err:?}"
+        matches!(err, MembershipError::AccessDenied { .. }),
+        "wrong credentials are an access error, not a transient outage: {err:?}"
     );
     let text = format!("{err} {err:?}");
     assert!(text.contains(&role), "the error names the user: {text}");
