@@ -17,7 +17,9 @@ pub(crate) fn scale(d: Duration, factor: f64) -> Duration {
     })
 }
 
-/// A source of the current time.
+/// A source of the current (wall-clock) time: what is written to and compared with stored
+/// times. The runtime schedules its intervals and deadlines on tokio's monotonic clock instead,
+/// so a wall-clock step moves no deadline.
 pub trait Clock: Send + Sync + Debug {
     /// The current time.
     fn now(&self) -> Timestamp;
@@ -82,10 +84,14 @@ impl ManualClock {
         ManualClock(Arc::new(AtomicI64::new(start.as_millis())))
     }
 
-    /// Moves the clock forward.
+    /// Moves the clock forward (saturating at the largest time rather than wrapping).
     pub fn advance(&self, by: std::time::Duration) {
         let ms = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
-        self.0.fetch_add(ms, Ordering::SeqCst);
+        let _ = self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
+                Some(t.saturating_add(ms))
+            });
     }
 
     /// Sets the clock.
@@ -97,5 +103,19 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now(&self) -> Timestamp {
         Timestamp::from_millis(self.0.load(Ordering::SeqCst))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manual_clock_saturates_instead_of_wrapping() {
+        let c = ManualClock::new(Timestamp::from_millis(i64::MAX - 5));
+        c.advance(Duration::from_millis(10));
+        assert_eq!(c.now(), Timestamp::from_millis(i64::MAX));
+        c.advance(Duration::MAX);
+        assert_eq!(c.now(), Timestamp::from_millis(i64::MAX));
     }
 }

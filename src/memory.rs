@@ -188,6 +188,11 @@ impl MembershipTable for InMemoryMembershipTable {
         &self.cluster_id
     }
 
+    /// `memory:<store>/<cluster>`: handles made by `clone` or `for_cluster` of one store share it.
+    fn identity(&self) -> String {
+        format!("memory:{:p}/{}", Arc::as_ptr(&self.store), self.cluster_id)
+    }
+
     fn storage_expiry(&self) -> StorageExpiry {
         match self.ttl {
             None => StorageExpiry::OFF,

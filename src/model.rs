@@ -109,6 +109,11 @@ impl fmt::Display for Timestamp {
 /// The identity of one silo incarnation: its socket address and its generation.
 ///
 /// The text form is stable and parseable: `ip:port@generation`, IPv6 addresses in brackets.
+/// Only the canonical text form — exactly what `Display` prints — is accepted: no sign or
+/// leading zeros in the port or generation (`@+7`, `@007`, `:05`), IPv6 in its shortest
+/// RFC 5952 form (`[::1]`, not `[0:0:0:0:0:0:0:1]`), and no zone ids (`%0`). One address thus
+/// has one text, so the row key stored for it is always the same; a stored key in another form
+/// is a damaged row.
 ///
 /// ```
 /// use cassandra_membership::SiloAddress;
@@ -168,7 +173,19 @@ impl FromStr for SiloAddress {
         let generation: i32 = generation
             .parse()
             .map_err(|_| invalid("the generation is not a 32-bit integer"))?;
-        Ok(SiloAddress::new(endpoint, generation))
+        if let SocketAddr::V6(v6) = endpoint
+            && (v6.scope_id() != 0 || endpoint.to_string().contains('%') || s.contains('%'))
+        {
+            return Err(invalid("zone ids (%…) are not part of a silo address"));
+        }
+        let address = SiloAddress::new(endpoint, generation);
+        let canonical = address.to_string();
+        if canonical != s {
+            return Err(invalid(&format!(
+                "not in canonical form; write it as {canonical:?}"
+            )));
+        }
+        Ok(address)
     }
 }
 
@@ -392,6 +409,38 @@ impl MembershipSnapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_canonical_text_form_parses() {
+        for good in [
+            "10.0.0.7:11111@385939200",
+            "[::1]:11111@1",
+            "[fe80::1]:1@-5",
+            "0.0.0.0:0@0",
+        ] {
+            let a: SiloAddress = good.parse().unwrap();
+            assert_eq!(a.to_string(), good);
+        }
+        for bad in [
+            "10.0.0.7:11111@+7",
+            "10.0.0.7:11111@007",
+            "10.0.0.7:11111@-0",
+            "10.0.0.7:05@1",
+            "[0:0:0:0:0:0:0:1]:11111@1",
+            "[::1%0]:11111@1",
+            "[fe80::1%2]:11111@1",
+            "[::FFFF:1.2.3.4]:1@1",
+            " 10.0.0.7:11111@1",
+        ] {
+            match bad.parse::<SiloAddress>() {
+                Err(MembershipError::InvalidSiloAddress { text, reason }) => {
+                    assert_eq!(text, bad);
+                    assert!(!reason.is_empty());
+                }
+                other => panic!("{bad:?} gave {other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn silo_address_text_round_trips() {

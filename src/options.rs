@@ -55,6 +55,16 @@ pub struct MembershipOptions {
     /// Run the periodic defunct cleanup even when storage-side expiry already removes defunct
     /// entries. Default false.
     pub force_defunct_cleanup: bool,
+    /// The longest the host runtime waits for one table call (heartbeat, read, conditional
+    /// write); a call that takes longer counts as failed. `None` (the default) means one publish
+    /// period (`i_am_alive_table_publish_timeout`, 30 s by default): a heartbeat slower than that
+    /// has missed its period anyway.
+    #[serde(with = "humantime_serde")]
+    pub table_operation_timeout: Option<Duration>,
+    /// How long [`Silo::join`](crate::Silo::join) keeps trying (conflicts, timeouts, reads that
+    /// give up) before it returns an error. Default 5 min (Orleans' `MaxJoinAttemptTime`).
+    #[serde(with = "humantime_serde")]
+    pub max_join_attempt_time: Duration,
 }
 
 impl Default for MembershipOptions {
@@ -70,6 +80,8 @@ impl Default for MembershipOptions {
             death_vote_expiration_timeout: Duration::from_secs(120),
             heartbeat_retry_backoff: Duration::from_secs(1),
             force_defunct_cleanup: false,
+            table_operation_timeout: None,
+            max_join_attempt_time: Duration::from_secs(300),
         }
     }
 }
@@ -137,6 +149,16 @@ impl MembershipOptions {
         heartbeat_retry_backoff: Duration,
         /// Sets `force_defunct_cleanup`.
         force_defunct_cleanup: bool,
+        /// Sets `table_operation_timeout` (`None`: one publish period).
+        table_operation_timeout: Option<Duration>,
+        /// Sets `max_join_attempt_time`.
+        max_join_attempt_time: Duration,
+    }
+
+    /// The bound on one runtime table call: `table_operation_timeout`, or one publish period.
+    pub fn effective_table_operation_timeout(&self) -> Duration {
+        self.table_operation_timeout
+            .unwrap_or(self.i_am_alive_table_publish_timeout)
     }
 
     /// Checks every option; the error names the first one that is wrong.
@@ -172,6 +194,44 @@ impl MembershipOptions {
             return Err(MembershipError::config(
                 "i_am_alive_jitter_percent",
                 "must be at most 50",
+            ));
+        }
+        if self.num_votes_for_death_declaration == 0 {
+            return Err(MembershipError::config(
+                "num_votes_for_death_declaration",
+                "must be at least 1",
+            ));
+        }
+        // A vote that expires before the next detection round can never be counted with another.
+        if self.death_vote_expiration_timeout < self.i_am_alive_table_publish_timeout {
+            return Err(MembershipError::config(
+                "death_vote_expiration_timeout",
+                format!(
+                    "must be at least one publish period ({:?})",
+                    self.i_am_alive_table_publish_timeout
+                ),
+            ));
+        }
+        // A zero backoff retries a failing heartbeat hundreds of times a second.
+        if self.heartbeat_retry_backoff < Duration::from_millis(10) {
+            return Err(MembershipError::config(
+                "heartbeat_retry_backoff",
+                "must be at least 10ms",
+            ));
+        }
+        if self
+            .table_operation_timeout
+            .is_some_and(|t| t < Duration::from_millis(10))
+        {
+            return Err(MembershipError::config(
+                "table_operation_timeout",
+                "must be at least 10ms or absent",
+            ));
+        }
+        if self.max_join_attempt_time < self.effective_table_operation_timeout() {
+            return Err(MembershipError::config(
+                "max_join_attempt_time",
+                "must be at least one table operation timeout",
             ));
         }
         Ok(())
@@ -238,6 +298,59 @@ mod tests {
         assert!(
             toml::from_str::<MembershipOptions>("defunct_silo_cleanup_period = \"soon\"").is_err()
         );
+    }
+
+    fn rejected(o: MembershipOptions) -> String {
+        match o.validate() {
+            Err(MembershipError::InvalidConfiguration { option, .. }) => option,
+            other => panic!("expected an option error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn zero_votes_vote_timeouts_and_backoffs_are_rejected() {
+        let d = MembershipOptions::default;
+        assert_eq!(
+            rejected(d().num_votes_for_death_declaration(0)),
+            "num_votes_for_death_declaration"
+        );
+        assert_eq!(
+            rejected(d().death_vote_expiration_timeout(Duration::ZERO)),
+            "death_vote_expiration_timeout"
+        );
+        assert_eq!(
+            rejected(d().heartbeat_retry_backoff(Duration::ZERO)),
+            "heartbeat_retry_backoff"
+        );
+        assert_eq!(
+            rejected(d().table_operation_timeout(Some(Duration::ZERO))),
+            "table_operation_timeout"
+        );
+        assert_eq!(
+            rejected(d().max_join_attempt_time(Duration::from_secs(1))),
+            "max_join_attempt_time"
+        );
+        let o = d()
+            .table_operation_timeout(Some(Duration::MAX))
+            .max_join_attempt_time(Duration::MAX);
+        o.validate().unwrap();
+    }
+
+    #[test]
+    fn the_table_operation_timeout_defaults_to_one_publish_period() {
+        let o = MembershipOptions::default();
+        assert_eq!(
+            o.effective_table_operation_timeout(),
+            Duration::from_secs(30)
+        );
+        let o: MembershipOptions =
+            toml::from_str("table_operation_timeout = \"5s\"\nmax_join_attempt_time = \"1m\"")
+                .unwrap();
+        assert_eq!(
+            o.effective_table_operation_timeout(),
+            Duration::from_secs(5)
+        );
+        assert_eq!(o.max_join_attempt_time, Duration::from_secs(60));
     }
 
     #[test]

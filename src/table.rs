@@ -91,6 +91,19 @@ pub trait MembershipTable: Send + Sync + Debug {
     /// The cluster this table value reads and writes.
     fn cluster_id(&self) -> &str;
 
+    /// What this table value's data is, as a key: two values with the same identity read and
+    /// write the same entries (the runtime runs one defunct cleanup per identity and process).
+    /// Backends override it with their storage's name (the Cassandra table:
+    /// `cassandra:keyspace.table/service/cluster`); the default is this value's address in
+    /// memory with the cluster id, unique while the value lives.
+    fn identity(&self) -> String {
+        format!(
+            "{:p}/{}",
+            std::ptr::from_ref(self).cast::<()>(),
+            self.cluster_id()
+        )
+    }
+
     /// What storage-side expiry this table applies.
     fn storage_expiry(&self) -> StorageExpiry {
         StorageExpiry::OFF

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tracing::Span;
+use tracing::{Span, warn};
 
 use super::driver_errors::{may_have_applied, to_error};
 use super::values::{HeartbeatValues, UpdateEntryValues, to_cql};
@@ -20,6 +20,9 @@ const MAX_LEASES: usize = 100_000;
 pub(super) struct LeaseState {
     /// Local time taken before the write that last refreshed (or checked) the entry was sent.
     renewed_at: Timestamp,
+    /// The same moment on the monotonic clock: when the next renewal is due does not move with
+    /// wall-clock steps.
+    renewed_mono: std::time::Instant,
     dead: bool,
     /// The entry's start time: heartbeat elements carry it to name their incarnation.
     start_time: Timestamp,
@@ -29,6 +32,9 @@ impl LeaseState {
     pub(super) fn after_write(entry: &MembershipEntry, renewed_at: Timestamp) -> Self {
         LeaseState {
             renewed_at,
+            // Taken now, just after the write: at most a write's latency later than
+            // `renewed_at`, which only makes the renewal due that much later.
+            renewed_mono: std::time::Instant::now(),
             dead: entry.status == SiloStatus::Dead,
             start_time: entry.start_time,
         }
@@ -167,16 +173,27 @@ impl CassandraMembershipTable {
             .copied();
         let renewal = Duration::from_secs(self.opts().renewal_seconds());
         let state = match known {
-            Some(s) if now < s.renewed_at.saturating_add(renewal) => s,
+            Some(s) if s.renewed_mono.elapsed() < renewal => s,
             _ => {
                 // Unknown entry, or its lease is due: check it exists (and renew its TTL).
-                match self.renew(address).await? {
-                    None => {
+                match self.renew(address).await {
+                    // The I-am-alive time is published all the same: the others must not
+                    // declare this silo dead while its lease still runs. The lease is not
+                    // extended, so the next heartbeat retries the renewal, and the host is told
+                    // to fence at the old lease's `refresh_by` if renewals keep failing.
+                    Err(e) => match known {
+                        Some(s) => {
+                            warn!(silo = %address, error = %e, "lease renewal failed; publishing the heartbeat, the next one retries the renewal");
+                            s
+                        }
+                        None => return Err(e),
+                    },
+                    Ok(None) => {
                         self.forget_lease(address);
                         Span::current().record("outcome", "not_found");
                         return Ok(HeartbeatOutcome::NotFound);
                     }
-                    Some(entry) => {
+                    Ok(Some(entry)) => {
                         let s = LeaseState::after_write(&entry, now);
                         self.remember_lease(*address, s);
                         s

@@ -203,9 +203,7 @@ impl CassandraMembershipTable {
     /// The table for another cluster of the same service, sharing session and statements.
     pub fn for_cluster(&self, cluster_id: impl Into<String>) -> Result<Self> {
         let cluster_id = cluster_id.into();
-        if cluster_id.is_empty() {
-            return Err(MembershipError::config("cluster_id", "must not be empty"));
-        }
+        options::validate_value("cluster_id", &cluster_id)?;
         Ok(CassandraMembershipTable {
             shared: Arc::clone(&self.shared),
             cluster_id,
@@ -319,6 +317,16 @@ impl CassandraMembershipTable {
 impl MembershipTable for CassandraMembershipTable {
     fn cluster_id(&self) -> &str {
         &self.cluster_id
+    }
+
+    /// `cassandra:keyspace.table/service/cluster` (the contact points are not part of it).
+    fn identity(&self) -> String {
+        format!(
+            "cassandra:{}/{}/{}",
+            self.shared.qualified,
+            self.service_id(),
+            self.cluster_id
+        )
     }
 
     fn storage_expiry(&self) -> StorageExpiry {

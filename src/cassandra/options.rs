@@ -46,6 +46,7 @@ pub enum TtlMismatchPolicy {
 /// Username and password for the cluster. The password never appears in `Debug` output,
 /// logs or errors.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Credentials {
     /// The role name.
     pub username: String,
@@ -315,7 +316,16 @@ impl CassandraClusteringOptions {
     /// Checks every option; the error names the first one that is wrong. Runs before any
     /// statement is sent.
     pub fn validate(&self) -> Result<()> {
-        self.membership.validate()?;
+        // Named by their full path in these options: `membership.defunct_silo_expiration`.
+        self.membership.validate().map_err(|e| match e {
+            MembershipError::InvalidConfiguration { option, reason } => {
+                MembershipError::InvalidConfiguration {
+                    option: format!("membership.{option}"),
+                    reason,
+                }
+            }
+            other => other,
+        })?;
         validate_identifier("keyspace", &self.keyspace)?;
         validate_identifier("table", &self.table)?;
         validate_value("service_id", &self.service_id)?;
@@ -414,7 +424,7 @@ impl CassandraClusteringOptions {
                 ));
             }
             let renewal = self.renewal_seconds();
-            if renewal == 0 || renewal * 2 > ttl.max(2) {
+            if renewal == 0 || renewal.saturating_mul(2) > ttl.max(2) {
                 return Err(MembershipError::config(
                     "ttl_renewal_interval",
                     format!("must be between 1s and half the TTL ({ttl} s); it is {renewal} s"),
@@ -464,9 +474,12 @@ pub(crate) fn validate_identifier(option: &str, name: &str) -> Result<()> {
     Ok(())
 }
 
-fn validate_value(option: &str, value: &str) -> Result<()> {
-    if value.is_empty() {
-        return Err(MembershipError::config(option, "must not be empty"));
+pub(crate) fn validate_value(option: &str, value: &str) -> Result<()> {
+    if value.trim().is_empty() {
+        return Err(MembershipError::config(
+            option,
+            "must not be empty or only whitespace",
+        ));
     }
     if value.len() > 1024 {
         return Err(MembershipError::config(
@@ -611,5 +624,36 @@ mod tests {
         assert_eq!(o.request_timeout, Duration::from_millis(2500));
         assert_eq!(o.ttl_mismatch, TtlMismatchPolicy::Patch);
         assert_eq!(o.consistency, ConsistencyProfile::LocalQuorum);
+    }
+
+    #[test]
+    fn blank_ids_huge_renewals_and_membership_errors_are_named() {
+        let o = CassandraClusteringOptions::new("ks", "svc", " \t ");
+        assert_eq!(option_of(o.validate()), "cluster_id");
+        let o = CassandraClusteringOptions::new("ks", "  ", "c");
+        assert_eq!(option_of(o.validate()), "service_id");
+        let mut o = CassandraClusteringOptions::new("ks", "svc", "c").ttl(true);
+        o.ttl_renewal_interval = Some(Duration::MAX);
+        assert_eq!(option_of(o.validate()), "ttl_renewal_interval");
+        let mut o = CassandraClusteringOptions::new("ks", "svc", "c");
+        o.membership.defunct_silo_expiration = Duration::ZERO;
+        assert_eq!(
+            option_of(o.validate()),
+            "membership.defunct_silo_expiration"
+        );
+        o.membership.defunct_silo_expiration = Duration::from_secs(3600);
+        o.membership.num_votes_for_death_declaration = 0;
+        assert_eq!(
+            option_of(o.validate()),
+            "membership.num_votes_for_death_declaration"
+        );
+    }
+
+    #[test]
+    fn credentials_reject_unknown_fields() {
+        let typo =
+            toml::from_str::<Credentials>("username = \"u\"\npassword = \"\"\npasword = \"p\"");
+        assert!(typo.is_err(), "a misspelt password must not be ignored");
+        toml::from_str::<Credentials>("username = \"u\"\npassword = \"p\"").unwrap();
     }
 }

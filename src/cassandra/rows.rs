@@ -243,6 +243,12 @@ mod tests {
                 "not a silo address",
             ),
             (Box::new(|r| r.silo = None), "silo is null"),
+            // A key in a non-canonical form: read_row, heartbeats and cleanup address the
+            // canonical key and could never reach it.
+            (
+                Box::new(|r| r.silo = Some("1.2.3.4:5@+6".into())),
+                "not in canonical form",
+            ),
             (Box::new(|r| r.proxy_port = Some(-1)), "not a port"),
             (Box::new(|r| r.start_time = None), "start_time is null"),
             (

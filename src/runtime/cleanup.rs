@@ -1,5 +1,5 @@
 //! The periodic defunct-silo cleanup, as Orleans runs it: first at a random point of the first
-//! period, then every period plus jitter; at most one per cluster per process; off when storage
+//! period, then every period plus jitter; at most one per table identity per process; off when storage
 //! expiry already covers it (unless forced).
 
 use std::collections::HashSet;
@@ -89,7 +89,7 @@ pub enum CleanupNotStarted {
 
 impl DefunctCleanup {
     /// Starts the cleanup for `table`'s cluster, or says why it is not needed. Errors when this
-    /// process already runs one for that cluster.
+    /// process already runs one for the same table ([`MembershipTable::identity`]).
     pub fn spawn(
         table: Arc<dyn MembershipTable>,
         options: &MembershipOptions,
@@ -105,12 +105,12 @@ impl DefunctCleanup {
             );
             return Ok(Err(CleanupNotStarted::CoveredByStorageExpiry));
         }
-        let Some(registration) = Registration::take(table.cluster_id().to_owned()) else {
+        let identity = table.identity();
+        let Some(registration) = Registration::take(identity.clone()) else {
             return Err(MembershipError::config(
                 "defunct_silo_cleanup_period",
                 format!(
-                    "a defunct cleanup already runs for cluster {:?} in this process",
-                    table.cluster_id()
+                    "a defunct cleanup already runs for {identity} in this process; one silo per process runs it, the others set defunct_silo_cleanup_period = \"off\""
                 ),
             ));
         };

@@ -1,8 +1,9 @@
-//! [`SiloHealth`]: what the heartbeat knows about this silo's registration, as the host sees it.
+//! What the runtime tells the host about its silo's membership: [`SiloHealth`].
 
 use crate::table::Lease;
 
-/// What the heartbeat knows about this silo's registration. Sent on a watch channel.
+/// What the runtime knows about this silo's registration. Sent on a watch channel; see the
+/// README's "Fencing" section for what a host must do on each state.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SiloHealth {
     /// No heartbeat has completed yet.
@@ -12,7 +13,7 @@ pub enum SiloHealth {
         /// The lease the last heartbeat returned.
         lease: Lease,
     },
-    /// Heartbeats are failing and being retried; the lease is not yet at risk.
+    /// Heartbeats are failing and being retried; the fence horizon has not been reached.
     Failing {
         /// Consecutive failures.
         failures: u32,
@@ -21,12 +22,14 @@ pub enum SiloHealth {
         /// The last error, as text.
         last_error: String,
     },
-    /// Heartbeats kept failing past the lease's `refresh_by`: the entry may expire at
-    /// `lease.expires_at`. The host should fence itself (stop serving as a member).
+    /// No heartbeat has succeeded for so long that this silo may soon lose its membership: the
+    /// fence horizon (the failure-detection horizon measured from the last successful publish,
+    /// less a margin, or the storage lease's `refresh_by`, whichever comes first) has passed.
+    /// The host must fence itself (stop serving as a member) until it is `Healthy` again.
     LeaseAtRisk {
-        /// The last lease granted.
-        lease: Lease,
-        /// Consecutive failures.
+        /// The last lease granted, if any.
+        lease: Option<Lease>,
+        /// Consecutive failures (a call still in flight at the horizon counts as one).
         failures: u32,
     },
     /// The entry is gone (expired, cleaned up or deleted). Final: the heartbeat stopped and

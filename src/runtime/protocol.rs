@@ -1,9 +1,12 @@
 //! The versioned membership-protocol steps a host needs: joining, declaring silent silos dead,
-//! and leaving gracefully. Each is a read → conditional write loop that retries version conflicts.
+//! and leaving gracefully. Each is a read → conditional write loop that retries version conflicts,
+//! and, within a deadline, reads that give up and calls that time out.
 
+use std::future::Future;
 use std::time::Duration;
 
-use tracing::{debug, info};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
 
 use crate::error::{MembershipError, Result};
 use crate::model::{MembershipEntry, SiloAddress, SiloStatus, SuspectTime, Timestamp};
@@ -11,89 +14,255 @@ use crate::options::MembershipOptions;
 use crate::runtime::observe;
 use crate::table::MembershipTable;
 
-/// How many read → write rounds a protocol step tries before giving up.
-const MAX_ROUNDS: u32 = 50;
-
-async fn pause(round: u32) {
-    // Short, growing, jittered pauses: concurrent writers spread out instead of colliding again.
-    let ms = 5u64.saturating_mul(1 << round.min(6)) + rand::random_range(0..10);
-    tokio::time::sleep(Duration::from_millis(ms)).await;
+/// How long the protocol steps may take: each table call, and each step as a whole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProtocolLimits {
+    /// The bound on one table call; a call that takes longer fails with
+    /// [`MembershipError::Timeout`] (a read) or [`MembershipError::OutcomeUnknown`] (a write).
+    pub call_timeout: Duration,
+    /// How long one step keeps retrying before it returns the last error.
+    pub step_deadline: Duration,
 }
 
-/// Inserts `entry` (retrying version conflicts). Errors if the address already has a row of
-/// another incarnation (another start time) or a Dead one. Retrying after `OutcomeUnknown` is
-/// safe: a row of this very incarnation is recognised as the earlier attempt's insert.
+impl ProtocolLimits {
+    /// `table_operation_timeout` (one publish period by default) per call and
+    /// `max_join_attempt_time` (5 min by default) per step.
+    pub fn from_options(options: &MembershipOptions) -> Self {
+        ProtocolLimits {
+            call_timeout: options.effective_table_operation_timeout(),
+            step_deadline: options.max_join_attempt_time,
+        }
+    }
+}
+
+impl Default for ProtocolLimits {
+    fn default() -> Self {
+        Self::from_options(&MembershipOptions::default())
+    }
+}
+
+/// Runs one table call within `limit`. A read that takes longer is a `Timeout`; a write an
+/// `OutcomeUnknown` (dropping the future does not withdraw what was sent).
+pub(crate) async fn bounded<T>(
+    operation: &'static str,
+    is_write: bool,
+    limit: Duration,
+    call: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(r) => r,
+        Err(_) => {
+            let source = format!("no answer within {limit:?} (table_operation_timeout)");
+            Err(if is_write {
+                MembershipError::OutcomeUnknown {
+                    operation,
+                    detail: "the runtime stopped waiting".into(),
+                    source: source.into(),
+                }
+            } else {
+                MembershipError::Timeout {
+                    operation,
+                    source: source.into(),
+                }
+            })
+        }
+    }
+}
+
+/// Errors worth another round: contention, timeouts, unknown outcomes, unavailable storage.
+fn retriable(e: &MembershipError) -> bool {
+    matches!(
+        e,
+        MembershipError::Contention { .. }
+            | MembershipError::Timeout { .. }
+            | MembershipError::OutcomeUnknown { .. }
+            | MembershipError::Unavailable { .. }
+    )
+}
+
+/// Full-jitter exponential backoff: a random pause up to 20 ms × 2^round, at most 2 s, so
+/// many writers of one version row spread out instead of colliding again.
+async fn pause(round: u32, deadline: Instant) {
+    let cap = 20u64.saturating_mul(1 << round.min(7)).min(2_000);
+    let pause = Duration::from_millis(rand::random_range(1..=cap));
+    tokio::time::sleep_until((Instant::now() + pause).min(deadline)).await;
+}
+
+/// Inserts `entry` (retrying version conflicts) with the default limits: see [`join_within`].
 pub async fn join(table: &dyn MembershipTable, entry: &MembershipEntry) -> Result<()> {
-    for round in 0..MAX_ROUNDS {
-        let snapshot = table.read_all().await?;
-        if let Some(row) = snapshot.get(&entry.address) {
-            // Our own incarnation (same address, generation and start time): an earlier attempt
-            // whose outcome was unknown had inserted it. Continue, unless it was declared Dead.
-            if row.entry.start_time == entry.start_time && row.entry.status != SiloStatus::Dead {
-                info!(cluster = table.cluster_id(), silo = %entry.address, "joined (an earlier attempt had inserted the entry)");
+    join_within(table, entry, &ProtocolLimits::default()).await
+}
+
+/// Inserts `entry`, retrying version conflicts, reads that give up and calls that time out until
+/// `limits.step_deadline`. Errors if the address already has a row other than this incarnation's
+/// as a join writes it (which an earlier attempt, of this call or of one that answered
+/// `OutcomeUnknown`, inserted): retrying a join is safe.
+pub async fn join_within(
+    table: &dyn MembershipTable,
+    entry: &MembershipEntry,
+    limits: &ProtocolLimits,
+) -> Result<()> {
+    let started = Instant::now();
+    let deadline = started + limits.step_deadline;
+    let t = limits.call_timeout;
+    let mut maybe_inserted = false;
+    let mut round = 0u32;
+    loop {
+        let attempt = async {
+            let snapshot = bounded("read_all", false, t, table.read_all()).await?;
+            if let Some(row) = snapshot.get(&entry.address) {
+                // Our own incarnation as a join writes it (same start time, still the status we
+                // inserted): an earlier attempt, of this call or of a call that answered
+                // `OutcomeUnknown`, did apply. A row that moved on (ShuttingDown, Dead) is not.
+                if (maybe_inserted && row.entry == *entry)
+                    || (row.entry.start_time == entry.start_time
+                        && row.entry.status == entry.status)
+                {
+                    return Ok(true);
+                }
+                return Err(MembershipError::config(
+                    "entry.address",
+                    format!(
+                        "{} already has an entry: a silo incarnation joins once",
+                        entry.address
+                    ),
+                ));
+            }
+            bounded(
+                "insert_row",
+                true,
+                t,
+                table.insert_row(entry, &snapshot.version.next()),
+            )
+            .await
+        }
+        .await;
+        match attempt {
+            Ok(true) => {
+                info!(cluster = table.cluster_id(), silo = %entry.address, status = ?entry.status, rounds = round + 1, "joined");
                 return Ok(());
             }
-            return Err(MembershipError::config(
-                "entry.address",
-                format!(
-                    "{} already has an entry: a silo incarnation joins once",
-                    entry.address
-                ),
-            ));
+            Ok(false) => observe::conflict(),
+            Err(e) if retriable(&e) => {
+                maybe_inserted |= matches!(e, MembershipError::OutcomeUnknown { .. });
+                if Instant::now() >= deadline {
+                    return Err(e);
+                }
+                debug!(cluster = table.cluster_id(), silo = %entry.address, error = %e, "join round failed; retrying");
+            }
+            Err(e) => return Err(e),
         }
-        if table.insert_row(entry, &snapshot.version.next()).await? {
-            info!(cluster = table.cluster_id(), silo = %entry.address, status = ?entry.status, "joined");
-            return Ok(());
+        round = round.saturating_add(1);
+        if Instant::now() >= deadline {
+            return Err(contention("join", round, started.elapsed()));
         }
-        observe::conflict();
-        pause(round).await;
+        pause(round, deadline).await;
     }
-    Err(contention("join"))
 }
 
-/// Moves `address`'s entry to `status` (with the I-am-alive time `now`), retrying version
-/// conflicts. Returns `false` if the entry is missing or already Dead (a Dead entry never revives).
+/// [`set_status_within`] with the default limits.
 pub async fn set_status(
     table: &dyn MembershipTable,
     address: &SiloAddress,
     status: SiloStatus,
     now: Timestamp,
 ) -> Result<bool> {
-    for round in 0..MAX_ROUNDS {
-        let snapshot = table.read_row(address).await?;
-        let Some(row) = snapshot.rows.first() else {
-            return Ok(false);
-        };
-        if row.entry.status == SiloStatus::Dead {
-            return Ok(status == SiloStatus::Dead);
-        }
-        let mut entry = row.entry.clone();
-        entry.status = status;
-        entry.i_am_alive_time = entry.i_am_alive_time.max(now);
-        if table
-            .update_row(&entry, &row.etag, &snapshot.version.next())
-            .await?
-        {
-            info!(cluster = table.cluster_id(), silo = %address, ?status, "status changed");
-            return Ok(true);
-        }
-        observe::conflict();
-        pause(round).await;
-    }
-    Err(contention("set_status"))
+    set_status_within(table, address, status, now, &ProtocolLimits::default()).await
 }
 
-/// Graceful leave: ShuttingDown, then Dead, each through the versioned protocol, so the other
-/// silos see this one left rather than crashed.
+/// Moves `address`'s entry to `status` (with the I-am-alive time `now`), retrying version
+/// conflicts, reads that give up and calls that time out until `limits.step_deadline`. Returns
+/// `false` if the entry is missing or already Dead (a Dead entry never revives).
+pub async fn set_status_within(
+    table: &dyn MembershipTable,
+    address: &SiloAddress,
+    status: SiloStatus,
+    now: Timestamp,
+    limits: &ProtocolLimits,
+) -> Result<bool> {
+    let started = Instant::now();
+    let deadline = started + limits.step_deadline;
+    let t = limits.call_timeout;
+    let mut round = 0u32;
+    loop {
+        let attempt = async {
+            let snapshot = bounded("read_row", false, t, table.read_row(address)).await?;
+            let Some(row) = snapshot.rows.first() else {
+                return Ok(Some(false));
+            };
+            if row.entry.status == SiloStatus::Dead {
+                return Ok(Some(status == SiloStatus::Dead));
+            }
+            let mut entry = row.entry.clone();
+            entry.status = status;
+            entry.i_am_alive_time = entry.i_am_alive_time.max(now);
+            let applied = bounded(
+                "update_row",
+                true,
+                t,
+                table.update_row(&entry, &row.etag, &snapshot.version.next()),
+            )
+            .await?;
+            Ok(applied.then_some(true))
+        }
+        .await;
+        match attempt {
+            Ok(Some(done)) => {
+                if done {
+                    info!(cluster = table.cluster_id(), silo = %address, ?status, "status changed");
+                }
+                return Ok(done);
+            }
+            Ok(None) => observe::conflict(),
+            // An unknown outcome is resolved by the next round's read: a write that applied
+            // shows as the new status (written again, harmlessly) or as Dead.
+            Err(e) if retriable(&e) => {
+                if Instant::now() >= deadline {
+                    return Err(e);
+                }
+                debug!(cluster = table.cluster_id(), silo = %address, error = %e, "status change round failed; retrying");
+            }
+            Err(e) => return Err(e),
+        }
+        round = round.saturating_add(1);
+        if Instant::now() >= deadline {
+            return Err(contention("set_status", round, started.elapsed()));
+        }
+        pause(round, deadline).await;
+    }
+}
+
+/// Graceful leave with the default limits: see [`leave_within`].
 pub async fn leave(
     table: &dyn MembershipTable,
     address: &SiloAddress,
     now: Timestamp,
 ) -> Result<()> {
-    if set_status(table, address, SiloStatus::ShuttingDown, now).await? {
-        set_status(table, address, SiloStatus::Dead, now).await?;
+    leave_within(table, address, now, &ProtocolLimits::default()).await
+}
+
+/// Graceful leave: ShuttingDown, then Dead, each through the versioned protocol, so the other
+/// silos see this one left rather than crashed.
+pub async fn leave_within(
+    table: &dyn MembershipTable,
+    address: &SiloAddress,
+    now: Timestamp,
+    limits: &ProtocolLimits,
+) -> Result<()> {
+    if set_status_within(table, address, SiloStatus::ShuttingDown, now, limits).await? {
+        set_status_within(table, address, SiloStatus::Dead, now, limits).await?;
     }
     Ok(())
+}
+
+/// What one failure-detection round saw and did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DetectionRound {
+    /// The silos this round declared dead.
+    pub declared: Vec<SiloAddress>,
+    /// The status of `me`'s own row in the round's read, `None` when it has none: how a silo
+    /// learns, within one round, that the others declared it dead or its entry is gone.
+    pub own_status: Option<SiloStatus>,
 }
 
 /// One round of failure detection from `me`'s point of view, in the style of Orleans' table-based
@@ -107,11 +276,25 @@ pub async fn declare_silent_silos_dead(
     options: &MembershipOptions,
     now: Timestamp,
 ) -> Result<Vec<SiloAddress>> {
+    Ok(detection_round(table, me, options, now).await?.declared)
+}
+
+/// One round of failure detection (see [`declare_silent_silos_dead`]) that also reports `me`'s
+/// own row from the same read — no extra round trip. Every table call is bounded by
+/// `table_operation_timeout`.
+pub async fn detection_round(
+    table: &dyn MembershipTable,
+    me: &SiloAddress,
+    options: &MembershipOptions,
+    now: Timestamp,
+) -> Result<DetectionRound> {
+    let t = options.effective_table_operation_timeout();
     let silence = options
         .i_am_alive_table_publish_timeout
         .saturating_mul(options.num_missed_table_i_am_alive_limit);
     let mut declared = Vec::new();
-    let snapshot = table.read_all().await?;
+    let snapshot = bounded("read_all", false, t, table.read_all()).await?;
+    let own_status = snapshot.get(me).map(|r| r.entry.status);
     for row in &snapshot.rows {
         let e = &row.entry;
         if &e.address == me
@@ -141,17 +324,29 @@ pub async fn declare_silent_silos_dead(
             entry.status = SiloStatus::Dead;
         }
         // One attempt per round: on a conflict the next round re-reads and votes again.
-        let current = table.read_all().await?;
+        let current = bounded("read_all", false, t, table.read_all()).await?;
         let Some(now_row) = current.get(&e.address) else {
             continue;
         };
         if now_row.etag != row.etag {
             continue;
         }
-        if table
-            .update_row(&entry, &row.etag, &current.version.next())
-            .await?
-        {
+        let written = bounded(
+            "update_row",
+            true,
+            t,
+            table.update_row(&entry, &row.etag, &current.version.next()),
+        )
+        .await;
+        let applied = match written {
+            Ok(applied) => applied,
+            // The next round re-reads; one silo's vote must not stop the round for the others.
+            Err(e) => {
+                warn!(cluster = table.cluster_id(), silo = %row.entry.address, error = %e, "suspicion write failed");
+                false
+            }
+        };
+        if applied {
             if entry.status == SiloStatus::Dead {
                 info!(cluster = table.cluster_id(), silo = %e.address, by = %me, "declared dead after missed heartbeats");
                 declared.push(e.address);
@@ -162,13 +357,16 @@ pub async fn declare_silent_silos_dead(
             observe::conflict();
         }
     }
-    Ok(declared)
+    Ok(DetectionRound {
+        declared,
+        own_status,
+    })
 }
 
-fn contention(operation: &'static str) -> MembershipError {
+fn contention(operation: &'static str, attempts: u32, elapsed: Duration) -> MembershipError {
     MembershipError::Contention {
         operation,
-        attempts: MAX_ROUNDS,
-        elapsed: Duration::ZERO,
+        attempts,
+        elapsed,
     }
 }

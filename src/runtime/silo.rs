@@ -14,7 +14,7 @@ use crate::options::MembershipOptions;
 use crate::runtime::cleanup::DefunctCleanup;
 use crate::runtime::health::SiloHealth;
 use crate::runtime::heartbeat::Heartbeat;
-use crate::runtime::protocol;
+use crate::runtime::protocol::{self, ProtocolLimits, bounded};
 use crate::table::MembershipTable;
 
 /// One silo's membership in a cluster.
@@ -40,6 +40,7 @@ pub struct Silo {
     heartbeat: Heartbeat,
     detector: JoinHandle<()>,
     cleanup: Option<DefunctCleanup>,
+    limits: ProtocolLimits,
 }
 
 impl Silo {
@@ -52,33 +53,84 @@ impl Silo {
         Self::join_with_clock(table, entry, options, Arc::new(SystemClock)).await
     }
 
-    /// Initializes the table, inserts `entry` as Joining, moves it to Active, and starts the
-    /// heartbeat, the failure detector (every publish period) and, unless storage expiry covers
-    /// it, the defunct cleanup.
+    /// Validates the options and registers the defunct cleanup (unless storage expiry covers
+    /// it) before anything is written; then initializes the table, inserts `entry` as Joining,
+    /// moves it to Active, and starts the heartbeat and the failure detector (every publish
+    /// period; it also watches this silo's own row). Conflicts, reads that give up and calls
+    /// that time out are retried with jittered backoff until `max_join_attempt_time`.
     pub async fn join_with_clock(
         table: Arc<dyn MembershipTable>,
-        mut entry: MembershipEntry,
+        entry: MembershipEntry,
         options: MembershipOptions,
         clock: Arc<dyn Clock>,
     ) -> Result<Silo> {
         options.validate()?;
-        table.initialize(true).await?;
-        let now = clock.now();
+        // Not started when disabled or when storage expiry covers it (see CleanupNotStarted).
+        let cleanup = DefunctCleanup::spawn(Arc::clone(&table), &options, Arc::clone(&clock))?.ok();
+        let limits = ProtocolLimits::from_options(&options);
+        match Self::enter(table.as_ref(), entry, &clock, &limits).await {
+            Ok(address) => Ok(Self::start(table, address, options, clock, cleanup, limits)),
+            Err(e) => {
+                if let Some(c) = cleanup {
+                    c.stop().await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn enter(
+        table: &dyn MembershipTable,
+        mut entry: MembershipEntry,
+        clock: &Arc<dyn Clock>,
+        limits: &ProtocolLimits,
+    ) -> Result<SiloAddress> {
+        bounded(
+            "initialize",
+            true,
+            limits.step_deadline,
+            table.initialize(true),
+        )
+        .await?;
         entry.status = SiloStatus::Joining;
-        entry.i_am_alive_time = now;
-        protocol::join(table.as_ref(), &entry).await?;
-        protocol::set_status(
-            table.as_ref(),
+        entry.i_am_alive_time = clock.now();
+        protocol::join_within(table, &entry, limits).await?;
+        let active = protocol::set_status_within(
+            table,
             &entry.address,
             SiloStatus::Active,
             clock.now(),
+            limits,
         )
-        .await?;
-        let address = entry.address;
+        .await;
+        if let Err(e) = active {
+            // Nobody will heartbeat this entry: say so rather than leave it Joining (best effort).
+            let _ = protocol::set_status_within(
+                table,
+                &entry.address,
+                SiloStatus::Dead,
+                clock.now(),
+                limits,
+            )
+            .await;
+            return Err(e);
+        }
+        Ok(entry.address)
+    }
+
+    fn start(
+        table: Arc<dyn MembershipTable>,
+        address: SiloAddress,
+        options: MembershipOptions,
+        clock: Arc<dyn Clock>,
+        cleanup: Option<DefunctCleanup>,
+        limits: ProtocolLimits,
+    ) -> Silo {
         let heartbeat = Heartbeat::spawn(Arc::clone(&table), address, &options, Arc::clone(&clock));
         let detector = {
             let (table, clock, options) = (Arc::clone(&table), Arc::clone(&clock), options.clone());
             let mut health = heartbeat.health();
+            let report = heartbeat.own_entry_report();
             tokio::spawn(async move {
                 let period = options.i_am_alive_table_publish_timeout;
                 loop {
@@ -86,29 +138,28 @@ impl Silo {
                         _ = tokio::time::sleep(period) => {}
                         _ = health.wait_for(SiloHealth::is_final) => return,
                     }
-                    if let Err(e) = protocol::declare_silent_silos_dead(
-                        table.as_ref(),
-                        &address,
-                        &options,
-                        clock.now(),
-                    )
-                    .await
+                    match protocol::detection_round(table.as_ref(), &address, &options, clock.now())
+                        .await
                     {
-                        warn!(silo = %address, error = %e, "failure detection round failed");
+                        // The same read tells this silo whether it was declared dead or lost
+                        // its entry: within one period on every backend, no extra round trip.
+                        Ok(round) => report.own_entry(round.own_status),
+                        Err(e) => {
+                            warn!(silo = %address, error = %e, "failure detection round failed")
+                        }
                     }
                 }
             })
         };
-        // Not started when disabled or when storage expiry covers it (see CleanupNotStarted).
-        let cleanup = DefunctCleanup::spawn(Arc::clone(&table), &options, Arc::clone(&clock))?.ok();
-        Ok(Silo {
+        Silo {
             table,
             address,
             clock,
             heartbeat,
             detector,
             cleanup,
-        })
+            limits,
+        }
     }
 
     /// This silo's address.
@@ -129,28 +180,32 @@ impl Silo {
 
     /// The stored status of this silo's entry (`None` when it has none).
     pub async fn entry_status(&self) -> Result<Option<SiloStatus>> {
-        Ok(self
-            .table
-            .read_row(&self.address)
-            .await?
-            .rows
-            .first()
-            .map(|r| r.entry.status))
+        Ok(bounded(
+            "read_row",
+            false,
+            self.limits.call_timeout,
+            self.table.read_row(&self.address),
+        )
+        .await?
+        .rows
+        .first()
+        .map(|r| r.entry.status))
     }
 
-    async fn stop_tasks(self) -> (Arc<dyn MembershipTable>, SiloAddress, Arc<dyn Clock>) {
+    /// Leaves gracefully: stops the tasks, then moves the entry to ShuttingDown and Dead.
+    pub async fn leave(self) -> Result<()> {
         self.heartbeat.stop().await;
         self.detector.abort();
         if let Some(c) = self.cleanup {
             c.stop().await;
         }
-        (self.table, self.address, self.clock)
-    }
-
-    /// Leaves gracefully: stops the tasks, then moves the entry to ShuttingDown and Dead.
-    pub async fn leave(self) -> Result<()> {
-        let (table, address, clock) = self.stop_tasks().await;
-        protocol::leave(table.as_ref(), &address, clock.now()).await
+        protocol::leave_within(
+            self.table.as_ref(),
+            &self.address,
+            self.clock.now(),
+            &self.limits,
+        )
+        .await
     }
 
     /// Stops everything without touching the entry, as if the process had crashed.

@@ -13,6 +13,7 @@ mod faults;
 mod outcomes;
 mod provider;
 mod runtime;
+mod runtime_fencing;
 #[cfg(feature = "rustls")]
 mod secure;
 mod smoke;

@@ -1,0 +1,300 @@
+//! Issue 12 on the real node: a silo learns at once that it was declared dead, is told to fence
+//! before the others can declare it dead, keeps publishing when a renewal fails, and 100 silos
+//! joining at once all join.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use cassandra_membership::runtime::protocol;
+use cassandra_membership::{
+    ETag, HeartbeatOutcome, MembershipEntry, MembershipError, MembershipOptions,
+    MembershipSnapshot, MembershipTable, Result, Silo, SiloAddress, SiloHealth, SiloStatus,
+    TableVersion, Timestamp,
+};
+
+use crate::utils::{KEYSPACE, options, session_with_keyspace, table_on, unique};
+
+fn address(n: u16) -> SiloAddress {
+    let generation = (Timestamp::now().as_millis() / 1000) as i32;
+    SiloAddress::new(
+        format!("127.0.0.1:{}", 13000 + n).parse().unwrap(),
+        generation,
+    )
+}
+
+fn fast() -> MembershipOptions {
+    let mut m = MembershipOptions::default();
+    m.i_am_alive_table_publish_timeout = Duration::from_secs(1);
+    m.defunct_silo_cleanup_period = None;
+    m
+}
+
+/// A table whose heartbeats fail on demand (the network to the node is cut for this silo).
+#[derive(Debug)]
+struct CutOff {
+    inner: Arc<dyn MembershipTable>,
+    cut: AtomicBool,
+}
+
+#[async_trait]
+impl MembershipTable for CutOff {
+    fn cluster_id(&self) -> &str {
+        self.inner.cluster_id()
+    }
+    fn identity(&self) -> String {
+        self.inner.identity()
+    }
+    async fn initialize(&self, v: bool) -> Result<()> {
+        self.inner.initialize(v).await
+    }
+    async fn read_all(&self) -> Result<MembershipSnapshot> {
+        self.inner.read_all().await
+    }
+    async fn read_row(&self, a: &SiloAddress) -> Result<MembershipSnapshot> {
+        self.inner.read_row(a).await
+    }
+    async fn insert_row(&self, e: &MembershipEntry, v: &TableVersion) -> Result<bool> {
+        self.inner.insert_row(e, v).await
+    }
+    async fn update_row(&self, e: &MembershipEntry, t: &ETag, v: &TableVersion) -> Result<bool> {
+        self.inner.update_row(e, t, v).await
+    }
+    async fn update_i_am_alive(&self, a: &SiloAddress, t: Timestamp) -> Result<HeartbeatOutcome> {
+        if self.cut.load(Ordering::SeqCst) {
+            return Err(MembershipError::Timeout {
+                operation: "update_i_am_alive",
+                source: "cut off".into(),
+            });
+        }
+        self.inner.update_i_am_alive(a, t).await
+    }
+    async fn cleanup_defunct(&self, b: Timestamp) -> Result<usize> {
+        self.inner.cleanup_defunct(b).await
+    }
+    async fn delete_cluster(&self, c: &str) -> Result<()> {
+        self.inner.delete_cluster(c).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silo_declared_dead_by_another_table_value_learns_it_within_one_period() {
+    let s = session_with_keyspace().await;
+    let o = options(&unique("zombie")).membership(fast());
+    let mine: Arc<dyn MembershipTable> = Arc::new(table_on(&s, o.clone()));
+    let silo = Silo::join(
+        Arc::clone(&mine),
+        MembershipEntry::new(address(1), SiloStatus::Joining, Timestamp::now()),
+        fast(),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(matches!(
+        *silo.health().borrow(),
+        SiloHealth::Healthy { .. }
+    ));
+    // Another silo's table value writes this silo's row Dead through update_row.
+    let other = table_on(&s, o);
+    let snapshot = other.read_row(&silo.address()).await.unwrap();
+    let row = snapshot.rows[0].clone();
+    let mut dead = row.entry.clone();
+    dead.status = SiloStatus::Dead;
+    assert!(
+        other
+            .update_row(&dead, &row.etag, &snapshot.version.next())
+            .await
+            .unwrap()
+    );
+    let declared = Instant::now();
+    // One publish period (1 s) plus a generous margin for the shared node.
+    let health = silo.wait_final(Duration::from_secs(4)).await;
+    assert_eq!(
+        health,
+        SiloHealth::DeclaredDead,
+        "{:?} after the row was stored Dead",
+        declared.elapsed()
+    );
+    eprintln!("declared dead seen after {:?}", declared.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silo_that_cannot_publish_is_told_to_fence_before_the_others_declare_it_dead() {
+    let s = session_with_keyspace().await;
+    let o = options(&unique("fencing")).membership(fast());
+    let shared: Arc<dyn MembershipTable> = Arc::new(table_on(&s, o.clone()));
+    let cut = Arc::new(CutOff {
+        inner: Arc::new(table_on(&s, o)),
+        cut: AtomicBool::new(false),
+    });
+    let a = Silo::join(
+        cut.clone(),
+        MembershipEntry::new(address(11), SiloStatus::Joining, Timestamp::now()),
+        fast(),
+    )
+    .await
+    .unwrap();
+    let mut others = Vec::new();
+    for n in 12..=13 {
+        let entry = MembershipEntry::new(address(n), SiloStatus::Joining, Timestamp::now());
+        others.push(
+            Silo::join(Arc::clone(&shared), entry, fast())
+                .await
+                .unwrap(),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    cut.cut.store(true, Ordering::SeqCst);
+    let start = Instant::now();
+    let (mut fenced, mut dead) = (None, None);
+    let health = a.health();
+    while start.elapsed() < Duration::from_secs(30) && dead.is_none() {
+        if fenced.is_none() && matches!(*health.borrow(), SiloHealth::LeaseAtRisk { .. }) {
+            fenced = Some(start.elapsed());
+        }
+        if shared.read_row(&a.address()).await.unwrap().rows[0]
+            .entry
+            .status
+            == SiloStatus::Dead
+        {
+            dead = Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let dead = dead.expect("the others declare it dead within 30 s");
+    let fenced = fenced.unwrap_or_else(|| panic!("never told to fence; declared dead at {dead:?}"));
+    eprintln!("fenced at {fenced:?}, declared dead at {dead:?}");
+    assert!(
+        fenced + Duration::from_millis(500) <= dead,
+        "fenced at {fenced:?}, declared dead at {dead:?}"
+    );
+    a.crash();
+    for o in others {
+        o.crash();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_lease_renewal_still_publishes_the_i_am_alive_time() {
+    let s = session_with_keyspace().await;
+    let cluster = unique("renewal");
+    let mut m = MembershipOptions::default();
+    m.i_am_alive_table_publish_timeout = Duration::from_millis(500);
+    m.defunct_silo_expiration = Duration::from_secs(4);
+    let mut o = options(&cluster)
+        .table("membership_ttl4")
+        .ttl(true)
+        .membership(m);
+    o.ttl_renewal_interval = Some(Duration::from_secs(1));
+    let t = table_on(&s, o);
+    t.initialize(true).await.unwrap();
+    let a = address(21);
+    protocol::join(
+        &t,
+        &MembershipEntry::new(a, SiloStatus::Active, Timestamp::now()),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        t.update_i_am_alive(&a, Timestamp::now()).await.unwrap(),
+        HeartbeatOutcome::Refreshed { .. }
+    ));
+    // The version cells disappear: the next renewal (a conditional rewrite of the entry and the
+    // version) cannot be written.
+    s.query_unpaged(
+        format!(
+            "DELETE version, version_etag FROM {KEYSPACE}.membership_ttl4 WHERE service_id = ? AND cluster_id = ?"
+        ),
+        ("test-service", cluster.as_str()),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let published = Timestamp::now();
+    let outcome = t.update_i_am_alive(&a, published).await;
+    let stored = t.read_row(&a).await.unwrap().rows[0].entry.i_am_alive_time;
+    assert_eq!(
+        stored, published,
+        "the I-am-alive time was not published when the renewal failed ({outcome:?})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn for_cluster_validates_the_cluster_id_like_the_options() {
+    let s = session_with_keyspace().await;
+    let t = table_on(&s, options(&unique("ids")));
+    for bad in ["".to_owned(), "  ".to_owned(), "x".repeat(1025)] {
+        assert!(
+            matches!(
+                t.for_cluster(bad.clone()),
+                Err(MembershipError::InvalidConfiguration { .. })
+            ),
+            "{} bytes accepted",
+            bad.len()
+        );
+    }
+    t.for_cluster("x".repeat(1024)).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hundred_silos_joining_at_once_all_join() {
+    let s = session_with_keyspace().await;
+    let mut m = MembershipOptions::default();
+    m.defunct_silo_cleanup_period = None;
+    let table: Arc<dyn MembershipTable> = Arc::new(table_on(
+        &s,
+        options(&unique("storm")).membership(m.clone()),
+    ));
+    table.initialize(true).await.unwrap();
+    let started = Instant::now();
+    let joins: Vec<_> = (0..100u16)
+        .map(|n| {
+            let (table, m) = (Arc::clone(&table), m.clone());
+            tokio::spawn(async move {
+                let entry =
+                    MembershipEntry::new(address(100 + n), SiloStatus::Joining, Timestamp::now());
+                let r = Silo::join(table, entry, m).await;
+                (r, started.elapsed())
+            })
+        })
+        .collect();
+    let mut silos = Vec::new();
+    let mut failures = Vec::new();
+    let mut times = Vec::new();
+    for j in joins {
+        let (r, at) = j.await.unwrap();
+        times.push(at);
+        match r {
+            Ok(silo) => silos.push(silo),
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    times.sort();
+    eprintln!(
+        "join storm: {} of 100 joined; first at {:?}, median {:?}, last at {:?}",
+        silos.len(),
+        times[0],
+        times[49],
+        times[99]
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    let snapshot = table.read_all().await.unwrap();
+    assert_eq!(
+        snapshot
+            .rows
+            .iter()
+            .filter(|r| r.entry.status == SiloStatus::Active)
+            .count(),
+        100
+    );
+    for silo in silos {
+        silo.crash();
+    }
+    table.delete_cluster(table.cluster_id()).await.unwrap();
+}
