@@ -22,6 +22,9 @@ pub struct WorkloadOptions {
     pub pause: Duration,
     /// Heartbeat period of each inserted entry (heartbeats are not part of the history).
     pub heartbeat_every: Duration,
+    /// A call that has not returned after this long is recorded as a `Hung` failure (and its
+    /// outcome stays unknown): the provider promises every call returns within its timeouts.
+    pub hung_after: Duration,
 }
 
 impl Default for WorkloadOptions {
@@ -30,6 +33,7 @@ impl Default for WorkloadOptions {
             silos_per_client: 3,
             pause: Duration::from_millis(20),
             heartbeat_every: Duration::from_millis(500),
+            hung_after: Duration::from_secs(60),
         }
     }
 }
@@ -78,8 +82,29 @@ impl WorkloadReport {
     }
 }
 
+/// `call`, or a `Hung` failure (reported as `MembershipError::Timeout` with operation `"hung"`)
+/// when it has not returned after `limit`.
+async fn bounded<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = Result<T, MembershipError>>,
+) -> Result<T, MembershipError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(r) => r,
+        Err(elapsed) => Err(MembershipError::Timeout {
+            operation: "hung",
+            source: Box::new(elapsed),
+        }),
+    }
+}
+
 /// The variant name of an error, for reports.
 pub fn kind(e: &MembershipError) -> String {
+    if let MembershipError::Timeout {
+        operation: "hung", ..
+    } = e
+    {
+        return "Hung".into();
+    }
     let text = format!("{e:?}");
     text.split([' ', '{', '(']).next().unwrap_or("").to_owned()
 }
@@ -171,7 +196,7 @@ async fn client_loop(
         }
         history.invoke(thread, HistoryOp::ReadAll);
         let t0 = Instant::now();
-        let read = table.read_all().await;
+        let read = bounded(options.hung_after, table.read_all()).await;
         lock(&shared).record(started, "read_all", t0, &read);
         let snapshot = match read {
             Ok(s) => {
@@ -221,8 +246,14 @@ async fn client_loop(
         history.invoke(thread, op);
         let t0 = Instant::now();
         let (name, r) = match &call {
-            Call::Insert(e) => ("insert_row", table.insert_row(e, &next).await),
-            Call::Update(e, etag) => ("update_row", table.update_row(e, etag, &next).await),
+            Call::Insert(e) => (
+                "insert_row",
+                bounded(options.hung_after, table.insert_row(e, &next)).await,
+            ),
+            Call::Update(e, etag) => (
+                "update_row",
+                bounded(options.hung_after, table.update_row(e, etag, &next)).await,
+            ),
         };
         lock(&shared).record(started, name, t0, &r);
         match r {

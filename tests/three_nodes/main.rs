@@ -83,7 +83,9 @@ async fn heal() {
         }
     }
     // Gossip needs a moment to mark restarted peers up everywhere.
-    let s = session().await;
+    let s = tokio::time::timeout(Duration::from_secs(60), session())
+        .await
+        .expect("a session to the healed ring within 60 s");
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let up = s
@@ -93,7 +95,10 @@ async fn heal() {
             .and_then(|r| r.into_rows_result().ok())
             .map(|r| r.rows_num())
             .unwrap_or(0);
-        if up == 2 && s.await_schema_agreement().await.is_ok() {
+        let agreed = tokio::time::timeout(Duration::from_secs(10), s.await_schema_agreement())
+            .await
+            .is_ok_and(|r| r.is_ok());
+        if up == 2 && agreed {
             break;
         }
         assert!(
@@ -161,6 +166,17 @@ async fn clients(cluster: &str, clients: usize) -> Vec<Arc<dyn MembershipTable>>
     tables
 }
 
+fn workload_options() -> WorkloadOptions {
+    WorkloadOptions {
+        // Well past any call's documented bound (a statement, a re-read, a fence, a re-read).
+        hung_after: REQUEST_TIMEOUT * 6,
+        // Three writers on one partition, a few membership changes a second each: far above a
+        // real cluster's rate, yet not a Paxos duel on every write on two shared cores.
+        pause: Duration::from_millis(150),
+        ..WorkloadOptions::default()
+    }
+}
+
 fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
 }
@@ -221,7 +237,7 @@ async fn one_node_killed_every_operation_still_succeeds_after_rerouting() {
     let run = tokio::spawn(workload::run(
         tables.clone(),
         history.clone(),
-        WorkloadOptions::default(),
+        workload_options(),
         until,
     ));
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -266,11 +282,11 @@ async fn one_node_paused_calls_return_in_time_with_honest_answers() {
     let cluster = unique("pause");
     let tables = clients(&cluster, 3).await;
     let history = Arc::new(History::new());
-    let until = Instant::now() + Duration::from_secs(40);
+    let until = Instant::now() + Duration::from_secs(55);
     let run = tokio::spawn(workload::run(
         tables.clone(),
         history.clone(),
-        WorkloadOptions::default(),
+        workload_options(),
         until,
     ));
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -297,11 +313,13 @@ async fn one_node_paused_calls_return_in_time_with_honest_answers() {
             "an error a caller cannot act on: {f:?}"
         );
     }
-    let grace = resumed_at + REQUEST_TIMEOUT * 2;
+    // A node resumed after 20 s has a backlog to work off (expired messages, hints, Paxos
+    // rounds it missed); on two shared cores that takes a while. Once it has, nothing fails.
+    let grace = resumed_at + Duration::from_secs(20);
     let late = report.failures_after(grace);
     assert!(
         late.is_empty(),
-        "failures after the node resumed: {late:#?}"
+        "failures 20 s after the node resumed: {late:#?}"
     );
     checked("one node paused", &history, &report);
 }
@@ -318,7 +336,7 @@ async fn two_nodes_down_give_typed_unavailable_and_no_partial_state() {
     let run = tokio::spawn(workload::run(
         tables.clone(),
         history.clone(),
-        WorkloadOptions::default(),
+        workload_options(),
         until,
     ));
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -374,7 +392,7 @@ async fn restarted_node_converges_and_no_acknowledged_write_is_lost() {
     let run = tokio::spawn(workload::run(
         tables.clone(),
         history.clone(),
-        WorkloadOptions::default(),
+        workload_options(),
         until,
     ));
     let victim = nodes()[0];
@@ -389,4 +407,228 @@ async fn restarted_node_converges_and_no_acknowledged_write_is_lost() {
     // writes whose outcome stayed unknown and that did apply).
     let read = tables[1].read_all().await.expect("read");
     assert!(read.version.version >= report.applied);
+}
+
+/// The `silo_host` example, built once.
+fn silo_host_binary() -> std::path::PathBuf {
+    if let Ok(p) = std::env::var("SILO_HOST_BIN") {
+        return p.into();
+    }
+    let manifest = env!("CARGO_MANIFEST_DIR");
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "--example", "silo_host"])
+        .current_dir(manifest)
+        .status()
+        .expect("cargo build --example silo_host");
+    assert!(status.success(), "building the silo_host example failed");
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| format!("{manifest}/target"));
+    std::path::Path::new(&target).join("debug/examples/silo_host")
+}
+
+/// A running host process and the lines it printed.
+struct Host {
+    child: tokio::process::Child,
+    lines: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Host {
+    fn spawn(bin: &std::path::Path, cluster: &str, port: u16) -> Host {
+        let mut child = tokio::process::Command::new(bin)
+            .args([
+                "--contact-points",
+                &contact_points().join(","),
+                "--keyspace",
+                KEYSPACE,
+                "--rf",
+                "3",
+                "--cluster",
+                cluster,
+                "--port",
+                &port.to_string(),
+                "--period-ms",
+                "1000",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start a silo host");
+        let lines = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let out = child.stdout.take().expect("stdout");
+        let sink = lines.clone();
+        tokio::spawn(async move {
+            use tokio::io::AsyncBufReadExt;
+            let mut reader = tokio::io::BufReader::new(out).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Host { child, lines }
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.child.id().expect("running").to_string();
+        let ok = Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("kill");
+        assert!(ok.success(), "kill {sig} {pid}");
+    }
+
+    fn printed(&self, needle: &str) -> bool {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains(needle))
+    }
+
+    fn address(&self) -> Option<String> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|l| l.contains("\"joined\""))
+            .and_then(|l| l.split("\"detail\":\"").nth(1))
+            .map(|d| d.trim_end_matches("\"}").to_owned())
+    }
+}
+
+/// Statuses seen for each address, in order, by polling the table.
+type Observed = Arc<std::sync::Mutex<std::collections::BTreeMap<String, Vec<(Duration, i32)>>>>;
+
+async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !done() {
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    t0.elapsed()
+}
+
+fn last_status(observed: &Observed, address: &str) -> Option<i32> {
+    observed
+        .lock()
+        .unwrap()
+        .get(address)
+        .and_then(|v| v.last())
+        .map(|(_, s)| *s)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn silo_host_processes_declare_killed_and_paused_hosts_dead_and_a_dead_host_stops() {
+    const ACTIVE: i32 = 3;
+    const DEAD: i32 = 6;
+    let _serial = SERIAL.lock().await;
+    keyspace().await;
+    heal().await;
+    let bin = silo_host_binary();
+    let cluster = unique("hosts");
+    let hosts: Vec<Host> = (0..4)
+        .map(|k| Host::spawn(&bin, &cluster, 31_001 + k))
+        .collect();
+    // Observe the table from outside, the way an operator would.
+    let observer = CassandraMembershipTable::connect(
+        CassandraClusteringOptions::new(KEYSPACE, "hosts", &cluster)
+            .contact_points(contact_points()),
+    )
+    .await
+    .expect("observer");
+    let observed: Observed = Arc::default();
+    let started = Instant::now();
+    let poll = {
+        let observed = observed.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Ok(s) = observer.read_all().await {
+                    let mut o = observed.lock().unwrap();
+                    for r in &s.rows {
+                        let seq = o.entry(r.entry.address.to_string()).or_default();
+                        let status = r.entry.status.code();
+                        if seq.last().map(|(_, s)| *s) != Some(status) {
+                            seq.push((started.elapsed(), status));
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    wait_until("four hosts joined", Duration::from_secs(90), || {
+        hosts.iter().all(|h| h.address().is_some())
+    })
+    .await;
+    let addresses: Vec<String> = hosts.iter().map(|h| h.address().unwrap()).collect();
+    wait_until("four Active rows", Duration::from_secs(30), || {
+        addresses
+            .iter()
+            .all(|a| last_status(&observed, a) == Some(ACTIVE))
+    })
+    .await;
+
+    // Detection time with these options: 3 missed 1 s periods, then the votes of two others in
+    // their next detection rounds (1 s each), plus the slack of a busy two-core machine.
+    let detection = Duration::from_secs(3 + 2 + 10);
+
+    hosts[0].signal("-KILL");
+    let took = wait_until("the SIGKILLed host declared Dead", detection, || {
+        last_status(&observed, &addresses[0]) == Some(DEAD)
+    })
+    .await;
+    println!("SIGKILL: declared Dead after {took:?}");
+
+    hosts[1].signal("-STOP");
+    let took = wait_until("the SIGSTOPped host declared Dead", detection, || {
+        last_status(&observed, &addresses[1]) == Some(DEAD)
+    })
+    .await;
+    println!("SIGSTOP: declared Dead after {took:?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    hosts[1].signal("-CONT");
+    let took = wait_until(
+        "the resumed host learns it is dead and stops",
+        Duration::from_secs(15),
+        || hosts[1].printed("\"stopped\""),
+    )
+    .await;
+    println!("SIGCONT: the host stopped {took:?} after resuming");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    // Graceful leave of the two others.
+    hosts[2].signal("-TERM");
+    hosts[3].signal("-TERM");
+    for h in &hosts[2..] {
+        wait_until("a host left", Duration::from_secs(30), || {
+            h.printed("\"left\"")
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    poll.abort();
+    let observed = observed.lock().unwrap().clone();
+    println!("statuses seen: {observed:?}");
+    for (k, a) in addresses.iter().enumerate() {
+        let seq = &observed[a];
+        assert_eq!(
+            seq.last().map(|(_, s)| *s),
+            Some(DEAD),
+            "host {k} ends Dead: {seq:?}"
+        );
+        // Once Dead, never back: a dead host never writes itself Active again.
+        let first_dead = seq.iter().position(|(_, s)| *s == DEAD).unwrap();
+        assert!(
+            seq[first_dead..].iter().all(|(_, s)| *s == DEAD),
+            "host {k} came back after Dead: {seq:?}"
+        );
+    }
+    assert!(
+        !hosts[1].printed("Healthy") || {
+            // Healthy lines are fine before the pause; none after the resumed host saw it was dead.
+            let lines = hosts[1].lines.lock().unwrap();
+            let stop = lines
+                .iter()
+                .position(|l| l.contains("\"stopped\""))
+                .unwrap();
+            !lines[stop..].iter().any(|l| l.contains("Healthy"))
+        }
+    );
 }
