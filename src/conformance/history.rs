@@ -82,6 +82,9 @@ impl HistoryRet {
     }
 }
 
+/// The checker's stack: enough for histories of tens of thousands of operations.
+const CHECK_STACK_BYTES: usize = 1 << 30;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Event {
     Invoke(u64, HistoryOp),
@@ -143,6 +146,17 @@ impl History {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
+        // The tester searches depth-first, one stack frame per operation: give it room.
+        std::thread::Builder::new()
+            .name("linearizability".into())
+            .stack_size(CHECK_STACK_BYTES)
+            .spawn(move || Self::check_events(events))
+            .map_err(|e| format!("cannot start the checker's thread: {e}"))?
+            .join()
+            .map_err(|_| "the checker panicked".to_owned())?
+    }
+
+    fn check_events(events: Vec<Event>) -> Result<Verdict, String> {
         let mut tester = LinearizabilityTester::new(ClusterModel::default());
         let (mut operations, mut returned) = (0, 0);
         for event in events {

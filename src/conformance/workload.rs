@@ -22,6 +22,9 @@ pub struct WorkloadOptions {
     pub pause: Duration,
     /// Heartbeat period of each inserted entry (heartbeats are not part of the history).
     pub heartbeat_every: Duration,
+    /// Time between a client's read and the write it bases on it (a silo deciding): other
+    /// clients' writes land in between, so stale tags get presented.
+    pub think: Duration,
     /// A call that has not returned after this long is recorded as a `Hung` failure (and its
     /// outcome stays unknown): the provider promises every call returns within its timeouts.
     pub hung_after: Duration,
@@ -34,6 +37,7 @@ impl Default for WorkloadOptions {
             pause: Duration::from_millis(20),
             heartbeat_every: Duration::from_millis(500),
             hung_after: Duration::from_secs(60),
+            think: Duration::ZERO,
         }
     }
 }
@@ -243,6 +247,9 @@ async fn client_loop(
             };
             (op, Call::Update(entry, row.etag.clone()))
         };
+        if !options.think.is_zero() {
+            tokio::time::sleep(options.think).await;
+        }
         history.invoke(thread, op);
         let t0 = Instant::now();
         let (name, r) = match &call {
