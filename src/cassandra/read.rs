@@ -106,6 +106,42 @@ impl CassandraMembershipTable {
         }
     }
 
+    /// One page of a paged read, sent again (up to `READ_ATTEMPTS` times) when it times out.
+    pub(super) async fn read_page(
+        &self,
+        op: &'static str,
+        statement: &scylla::statement::prepared::PreparedStatement,
+        values: impl scylla::serialize::row::SerializeRow,
+        paging: PagingState,
+        serial: bool,
+    ) -> Result<(
+        scylla::response::query_result::QueryResult,
+        PagingStateResponse,
+    )> {
+        let mut attempt = 1;
+        loop {
+            bump(if serial {
+                &self.shared.counters.serial_reads
+            } else {
+                &self.shared.counters.reads
+            });
+            match self
+                .session_ref()
+                .execute_single_page(statement, &values, paging.clone())
+                .await
+            {
+                Ok(page) => return Ok(page),
+                Err(e) => {
+                    let err = to_error(op, e);
+                    if !retry_read(&err, attempt).await {
+                        return Err(err);
+                    }
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
     pub(super) async fn read_statics(&self, pk: Pk<'_>) -> Result<StaticsRow> {
         let st = self.statements().await?;
         let result = self.exec_read("read", &st.read_statics, pk, true).await?;
@@ -143,24 +179,9 @@ impl CassandraMembershipTable {
             let mut paging = PagingState::start();
             let mut consistent = true;
             loop {
-                let mut attempt = 1;
-                let (result, next) = loop {
-                    bump(&self.shared.counters.serial_reads);
-                    match self
-                        .session_ref()
-                        .execute_single_page(&st.read_rows, pk, paging.clone())
-                        .await
-                    {
-                        Ok(page) => break page,
-                        Err(e) => {
-                            let err = to_error("read", e);
-                            if !retry_read(&err, attempt).await {
-                                return Err(err);
-                            }
-                            attempt += 1;
-                        }
-                    }
-                };
+                let (result, next) = self
+                    .read_page("read", &st.read_rows, pk, paging, true)
+                    .await?;
                 let rows = result.into_rows_result().map_err(|e| {
                     MembershipError::corrupt(None, format!("read returned no rows result: {e}"))
                 })?;
