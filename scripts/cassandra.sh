@@ -2,9 +2,16 @@
 # Runs Apache Cassandra 5.0 from Maven Central artifacts on Java 17, on loopback, for tests and the demo.
 #
 #   scripts/cassandra.sh start [N]   start N nodes (1..3) on 127.0.0.1..127.0.0.N, or reuse running ones
-#   scripts/cassandra.sh stop        stop the nodes this script started
+#                                    (CASSANDRA_FIRST_NODE=K numbers them K..K+N-1, on 127.0.0.K...)
+#   scripts/cassandra.sh kill I | pause I | resume I   SIGKILL / SIGSTOP / SIGCONT node I (fault tests)
+#   scripts/cassandra.sh restart I   start node I again on its existing data (after kill)
+#   scripts/cassandra.sh stop [I]    stop the nodes this script started (or only node I)
 #   scripts/cassandra.sh status      print which nodes answer CQL
 #   scripts/cassandra.sh nodetool I ARGS...   run nodetool against node I (JMX on 127.0.0.1:7199+I)
+#   scripts/cassandra.sh start-secure  start one more node, on 127.0.0.9, that speaks only TLS and
+#                                    asks for a password (PasswordAuthenticator; user cassandra/cassandra).
+#                                    Its keystore is generated with keytool at start; the certificate
+#                                    clients must trust is written to $home/secure/node.pem.
 #
 # Everything downloaded or generated lives under $CASSANDRA_MEMBERSHIP_HOME
 # (default ~/.cache/cassandra-membership), never in the repository.
@@ -16,11 +23,31 @@ home=${CASSANDRA_MEMBERSHIP_HOME:-$HOME/.cache/cassandra-membership}
 lib="$home/lib-$version"
 heap=${CASSANDRA_HEAP:-1G}
 start_timeout=${CASSANDRA_START_TIMEOUT:-240}
+first=${CASSANDRA_FIRST_NODE:-1}
+# Cassandra 5.0's Paxos implementation: v1 (the default, as in 4.x) or v2 (fewer round trips).
+paxos_variant=${CASSANDRA_PAXOS_VARIANT:-v1}
+# The TLS + password node: its own one-node cluster on 127.0.0.9 (JMX 7208).
+secure_index=9
+# Protects only a throw-away keystore generated at start under $home, never committed.
+secure_store_password=cassandra-membership-test
 
 log() { printf '[cassandra.sh] %s\n' "$*" >&2; }
 
 cql_up() { # $1 = address; true when something accepts TCP on :9042
   (exec 3<>"/dev/tcp/$1/9042") 2>/dev/null
+}
+
+make_keystore() { # a fresh self-signed server certificate for 127.0.0.9, valid for 2 days
+  local dir="$home/secure"
+  rm -rf "$dir" && mkdir -p "$dir"
+  command -v keytool >/dev/null || { log "keytool not found: install a JDK 17"; exit 1; }
+  keytool -genkeypair -alias node -keyalg RSA -keysize 2048 -validity 2 \
+    -dname "CN=127.0.0.$secure_index, O=cassandra-membership test" -ext "SAN=IP:127.0.0.$secure_index" \
+    -keystore "$dir/node.p12" -storetype PKCS12 -storepass "$secure_store_password" \
+    -keypass "$secure_store_password" >/dev/null 2>&1
+  keytool -exportcert -rfc -alias node -keystore "$dir/node.p12" -storetype PKCS12 \
+    -storepass "$secure_store_password" -file "$dir/node.pem" >/dev/null 2>&1
+  log "generated a keystore and $dir/node.pem"
 }
 
 resolve() {
@@ -71,10 +98,17 @@ OPTS
 }
 
 write_config() { # $1 = node index, $2 = node count
-  local i=$1 n=$2 dir="$home/node$i" seeds token
-  seeds=$(seq -s, -f '127.0.0.%g' 1 "$n")
+  local i=$1 n=$2 seeds token
+  local dir="$home/node$i"
+  seeds=$(seq -s, -f '127.0.0.%g' "$first" $((first + n - 1)))
   # Balanced single tokens, the way ccm lays out a local ring: k * (2^64 / n) - 2^63.
-  token=$(python3 -c "print(($i - 1) * (2**64 // $n) - 2**63)" 2>/dev/null || echo "")
+  token=$(python3 -c "print(($i - $first) * (2**64 // $n) - 2**63)" 2>/dev/null || echo "")
+  local authenticator=AllowAllAuthenticator authorizer=AllowAllAuthorizer
+  if [ "$i" = "$secure_index" ]; then
+    # The secure node is a cluster of its own: it seeds itself and owns the whole ring.
+    seeds=127.0.0.$i token=-9223372036854775808
+    authenticator=PasswordAuthenticator authorizer=CassandraAuthorizer
+  fi
   mkdir -p "$dir/conf"
   cat >"$dir/conf/cassandra.yaml" <<YAML
 cluster_name: cassandra-membership-test
@@ -100,8 +134,8 @@ hints_directory: $dir/hints
 cdc_raw_directory: $dir/cdc_raw
 commitlog_sync: periodic
 commitlog_sync_period: 10000ms
-authenticator: AllowAllAuthenticator
-authorizer: AllowAllAuthorizer
+authenticator: $authenticator
+authorizer: $authorizer
 auto_snapshot: false
 snapshot_before_compaction: false
 memtable_heap_space: 128MiB
@@ -121,7 +155,22 @@ cas_contention_timeout: 5000ms
 request_timeout: 20000ms
 disk_failure_policy: stop
 commit_failure_policy: stop
+paxos_variant: $paxos_variant
+# A killed node's hints are replayed when it comes back (fault tests restart nodes).
+hinted_handoff_enabled: true
+max_hint_window: 3h
 YAML
+  if [ "$i" = "$secure_index" ]; then
+    cat >>"$dir/conf/cassandra.yaml" <<YAML
+client_encryption_options:
+  enabled: true
+  optional: false
+  keystore: $home/secure/node.p12
+  keystore_password: $secure_store_password
+  store_type: PKCS12
+  require_client_auth: false
+YAML
+  fi
   cat >"$dir/conf/logback.xml" <<XML
 <configuration>
   <appender name="FILE" class="ch.qos.logback.core.FileAppender">
@@ -134,8 +183,9 @@ YAML
 XML
 }
 
-start_node() { # $1 = node index, $2 = node count
-  local i=$1 n=$2 dir="$home/node$i"
+start_node() { # $1 = node index, $2 = node count, $3 = "keep" to start on the node's existing data
+  local i=$1 n=$2 keep=${3:-}
+  local dir="$home/node$i"
   if cql_up "127.0.0.$i"; then log "node $i already answers on 127.0.0.$i:9042; reusing it"; return; fi
   # A node that is still shutting down holds its ports for a few seconds.
   local waited=0
@@ -144,8 +194,13 @@ start_node() { # $1 = node index, $2 = node count
     [ "$waited" = 0 ] && log "waiting for node $i's ports to be released"
     sleep 1; waited=$((waited + 1))
   done
-  rm -rf "$dir"
-  write_config "$i" "$n"
+  if [ "$keep" = keep ]; then
+    [ -f "$dir/conf/cassandra.yaml" ] || { log "node $i has no data to restart on"; exit 1; }
+    mv "$dir/system.log" "$dir/system.log.$(date +%s)" 2>/dev/null || true
+  else
+    rm -rf "$dir"
+    write_config "$i" "$n"
+  fi
   log "starting node $i on 127.0.0.$i (heap $heap)"
   local opts
   mapfile -t opts < <(java_opts)
@@ -164,7 +219,8 @@ start_node() { # $1 = node index, $2 = node count
     >"$dir/stdout.log" 2>&1 </dev/null 9>&- &
   echo $! >"$dir/pid"
   local t0=$SECONDS
-  until grep -q "Starting listening for CQL clients" "$dir/system.log" 2>/dev/null && cql_up "127.0.0.$i"; do
+  until grep -q "Starting listening for CQL clients" "$dir/system.log" 2>/dev/null && cql_up "127.0.0.$i" \
+    && { [ "$i" != "$secure_index" ] || grep -q "Created default superuser role" "$dir/system.log"; }; do
     if ! kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
       log "node $i exited during start-up; last lines of its logs:"
       tail -n 30 "$dir/stdout.log" "$dir/system.log" >&2 2>/dev/null || true
@@ -193,14 +249,38 @@ case "$cmd" in
     exec 9>"$home/start.lock"
     flock 9
     resolve
-    for i in $(seq 1 "$n"); do start_node "$i" "$n"; done
+    for i in $(seq "$first" $((first + n - 1))); do start_node "$i" "$n"; done
+    ;;
+  kill|pause|resume)
+    i=${2:?node index}
+    pid=$(cat "$home/node$i/pid" 2>/dev/null) || { log "node $i was not started by this script"; exit 1; }
+    case "$cmd" in kill) sig=KILL ;; pause) sig=STOP ;; resume) sig=CONT ;; esac
+    kill -s "$sig" "$pid"
+    log "sent SIG$sig to node $i (pid $pid)"
+    ;;
+  restart)
+    i=${2:?node index}
+    resolve
+    start_node "$i" 1 keep
+    ;;
+  start-secure)
+    mkdir -p "$home"
+    exec 9>"$home/start.lock"
+    flock 9
+    resolve
+    if ! cql_up "127.0.0.$secure_index"; then make_keystore; fi
+    start_node "$secure_index" 1
     ;;
   stop)
-    for pidfile in "$home"/node*/pid; do
+    # `stop` ends every node this script started; `stop I` only node I (e.g. 9, the secure node).
+    pattern="node*"
+    [ -n "${2:-}" ] && pattern="node$2"
+    for pidfile in "$home"/$pattern/pid; do
       [ -f "$pidfile" ] || continue
       pid=$(cat "$pidfile")
       if kill -0 "$pid" 2>/dev/null; then
         log "stopping pid $pid ($(dirname "$pidfile"))"
+        kill -CONT "$pid" 2>/dev/null || true # a paused node cannot act on SIGTERM
         kill "$pid"
         for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
         kill -9 "$pid" 2>/dev/null || true
@@ -209,7 +289,7 @@ case "$cmd" in
     done
     ;;
   status)
-    for i in 1 2 3; do
+    for i in $(seq "$first" $((first + 2))) "$secure_index"; do
       if cql_up "127.0.0.$i"; then echo "node $i: up (127.0.0.$i:9042)"; else echo "node $i: down"; fi
     done
     ;;
@@ -222,5 +302,5 @@ case "$cmd" in
     exec java "${opts[@]}" -cp "$lib/*" -Dlogback.configurationFile="file://$quiet" org.apache.cassandra.tools.NodeTool \
       -h 127.0.0.1 -p $((7199 + i)) "$@"
     ;;
-  *) log "usage: $0 start [N] | stop | status | nodetool I ARGS..."; exit 2 ;;
+  *) log "usage: $0 start [N] | start-secure | stop [I] | status | kill I | pause I | resume I | restart I | nodetool I ARGS..."; exit 2 ;;
 esac

@@ -220,12 +220,9 @@ impl CassandraMembershipTable {
         let mut out = Vec::new();
         let mut paging = PagingState::start();
         loop {
-            super::bump(&self.shared.counters.reads);
             let (result, next) = self
-                .session_ref()
-                .execute_single_page(&st.audit_partition, pk, paging)
-                .await
-                .map_err(|e| to_error("audit_ttl", e))?;
+                .read_page("audit_ttl", &st.audit_partition, pk, paging, false)
+                .await?;
             let rows = result
                 .into_rows_result()
                 .map_err(|e| MembershipError::corrupt(None, format!("audit: {e}")))?;

@@ -17,6 +17,36 @@ use super::{CassandraMembershipTable, MAX_ATTEMPTS, bump};
 use crate::error::{MembershipError, Result};
 use crate::model::{ETag, MembershipRow, MembershipSnapshot, SiloAddress, TableVersion};
 
+/// How many times a read is sent when it times out. A read changes nothing we own (a serial
+/// read may complete someone's in-flight proposal, which any later read would do too), so a
+/// coordinator that was slow or lost is retried, most likely through another one: the caller
+/// waits at most this many request timeouts.
+const READ_ATTEMPTS: u32 = 3;
+
+/// Whether to send a read again after `err` on attempt `attempt` (sleeping briefly first).
+async fn retry_read(err: &MembershipError, attempt: u32) -> bool {
+    if attempt >= READ_ATTEMPTS
+        || !(matches!(err, MembershipError::Timeout { .. }) || schema_lag(err))
+    {
+        return false;
+    }
+    warn!(error = %err, attempt, "a read failed for a passing reason; sending it again");
+    let pause = 250 * u64::from(attempt) + rand::random_range(0..100);
+    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+    true
+}
+
+/// A coordinator that has not applied a table another node just created answers that the table
+/// does not exist (Cassandra) or is unconfigured (ScyllaDB) until the schema reaches it; the
+/// provider only reads tables `initialize` made sure of, so this passes.
+fn schema_lag(err: &MembershipError) -> bool {
+    let MembershipError::Storage { source, .. } = err else {
+        return false;
+    };
+    let text = source.to_string();
+    text.contains("does not exist") || text.contains("unconfigured table")
+}
+
 /// A full read of one cluster's partition.
 pub(super) struct PartitionRead {
     pub(super) version: TableVersion,
@@ -56,15 +86,60 @@ impl CassandraMembershipTable {
         values: impl scylla::serialize::row::SerializeRow,
         serial: bool,
     ) -> Result<scylla::response::query_result::QueryResult> {
-        bump(if serial {
-            &self.shared.counters.serial_reads
-        } else {
-            &self.shared.counters.reads
-        });
-        self.session_ref()
-            .execute_unpaged(statement, values)
-            .await
-            .map_err(|e| to_error(op, e))
+        let mut attempt = 1;
+        loop {
+            bump(if serial {
+                &self.shared.counters.serial_reads
+            } else {
+                &self.shared.counters.reads
+            });
+            match self.session_ref().execute_unpaged(statement, &values).await {
+                Ok(r) => return Ok(r),
+                Err(e) => {
+                    let err = to_error(op, e);
+                    if !retry_read(&err, attempt).await {
+                        return Err(err);
+                    }
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    /// One page of a paged read, sent again (up to `READ_ATTEMPTS` times) when it times out.
+    pub(super) async fn read_page(
+        &self,
+        op: &'static str,
+        statement: &scylla::statement::prepared::PreparedStatement,
+        values: impl scylla::serialize::row::SerializeRow,
+        paging: PagingState,
+        serial: bool,
+    ) -> Result<(
+        scylla::response::query_result::QueryResult,
+        PagingStateResponse,
+    )> {
+        let mut attempt = 1;
+        loop {
+            bump(if serial {
+                &self.shared.counters.serial_reads
+            } else {
+                &self.shared.counters.reads
+            });
+            match self
+                .session_ref()
+                .execute_single_page(statement, &values, paging.clone())
+                .await
+            {
+                Ok(page) => return Ok(page),
+                Err(e) => {
+                    let err = to_error(op, e);
+                    if !retry_read(&err, attempt).await {
+                        return Err(err);
+                    }
+                    attempt += 1;
+                }
+            }
+        }
     }
 
     pub(super) async fn read_statics(&self, pk: Pk<'_>) -> Result<StaticsRow> {
@@ -104,12 +179,9 @@ impl CassandraMembershipTable {
             let mut paging = PagingState::start();
             let mut consistent = true;
             loop {
-                bump(&self.shared.counters.serial_reads);
                 let (result, next) = self
-                    .session_ref()
-                    .execute_single_page(&st.read_rows, pk, paging)
-                    .await
-                    .map_err(|e| to_error("read", e))?;
+                    .read_page("read", &st.read_rows, pk, paging, true)
+                    .await?;
                 let rows = result.into_rows_result().map_err(|e| {
                     MembershipError::corrupt(None, format!("read returned no rows result: {e}"))
                 })?;

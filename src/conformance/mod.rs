@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub mod history;
 pub mod model;
+pub mod workload;
 
 use crate::model::{
     ETag, MembershipEntry, MembershipSnapshot, SiloAddress, SiloStatus, SuspectTime, TableVersion,

@@ -14,5 +14,7 @@ mod outcomes;
 mod provider;
 mod runtime;
 mod runtime_fencing;
+#[cfg(feature = "rustls")]
+mod secure;
 mod smoke;
 mod ttl_mismatch;

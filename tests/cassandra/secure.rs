@@ -1,0 +1,267 @@
+//! TLS and authentication against a real node that speaks only TLS and asks for a password
+//! (`scripts/cassandra.sh start-secure`: 127.0.0.9, certificate in the cache's `secure/node.pem`).
+//! Built with `--features rustls`; `scripts/test.sh` runs this module on its own.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cassandra_membership::{
+    CassandraClusteringOptions, CassandraMembershipTable, MembershipEntry, MembershipError,
+    MembershipTable, SiloStatus, Timestamp,
+};
+use rustls::RootCertStore;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+
+use crate::utils::unique;
+
+/// The keyspace the secure node's tests use (created by the superuser).
+const SECURE_KEYSPACE: &str = "cm_secure";
+
+fn secure_contact_point() -> String {
+    std::env::var("CASSANDRA_SECURE_CONTACT_POINT").unwrap_or_else(|_| "127.0.0.9:9042".into())
+}
+
+fn certificate_path() -> std::path::PathBuf {
+    if let Ok(p) = std::env::var("CASSANDRA_SECURE_CERT") {
+        return p.into();
+    }
+    let home = std::env::var("CASSANDRA_MEMBERSHIP_HOME").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/cassandra-membership",
+            std::env::var("HOME").unwrap_or_default()
+        )
+    });
+    std::path::Path::new(&home).join("secure/node.pem")
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+/// A rustls configuration that trusts exactly the secure node's self-signed certificate.
+fn trusting_config() -> Arc<rustls::ClientConfig> {
+    let path = certificate_path();
+    let cert = CertificateDer::from_pem_file(&path).unwrap_or_else(|e| {
+        panic!(
+            "no certificate at {} ({e}): start the secure node with `scripts/cassandra.sh start-secure` \
+             or run `scripts/test.sh`",
+            path.display()
+        )
+    });
+    let mut roots = RootCertStore::empty();
+    roots.add(cert).expect("a valid certificate");
+    Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    )
+}
+
+/// A rustls configuration that trusts nothing.
+fn distrusting_config() -> Arc<rustls::ClientConfig> {
+    Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_root_certificates(RootCertStore::empty())
+            .with_no_client_auth(),
+    )
+}
+
+/// Options for a fresh cluster on the secure node. The keyspace and table are made by the
+/// superuser (`fresh_role`); a role granted only that keyspace needs no CREATE on all keyspaces.
+fn secure_options(user: &str, password: &str) -> CassandraClusteringOptions {
+    CassandraClusteringOptions::new(SECURE_KEYSPACE, "secure-service", unique("c"))
+        .contact_points([secure_contact_point()])
+        .credentials(user, password)
+        .request_timeout(Duration::from_secs(10))
+}
+
+async fn connect(
+    options: CassandraClusteringOptions,
+    tls: Arc<rustls::ClientConfig>,
+) -> cassandra_membership::Result<CassandraMembershipTable> {
+    // Bounded here too: a hang is a failure of its own, not a slow test.
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        CassandraMembershipTable::connect_tls(options, tls),
+    )
+    .await
+    .expect("connect_tls returned within 60 s")
+}
+
+fn entry() -> MembershipEntry {
+    let address = format!("127.0.0.1:{}@1", 20_000 + rand_port())
+        .parse()
+        .unwrap();
+    MembershipEntry::new(address, SiloStatus::Active, Timestamp::now())
+}
+
+fn rand_port() -> u16 {
+    (uuid::Uuid::new_v4().as_u128() % 10_000) as u16
+}
+
+/// Connects as the superuser and creates a login role with a fresh random password that may use
+/// the test keyspace; returns (role, password).
+async fn fresh_role() -> (String, String) {
+    let admin = connect(
+        secure_options("cassandra", "cassandra").create_keyspace_simple(1),
+        trusting_config(),
+    )
+    .await
+    .expect("the superuser connects over TLS");
+    admin
+        .initialize(true)
+        .await
+        .expect("initialize as superuser");
+    let role = format!("cm_{}", uuid::Uuid::new_v4().simple());
+    let password = format!("pw-{}", uuid::Uuid::new_v4().simple());
+    let session = admin.session();
+    // DDL takes no bind markers; both names are hex made here, nothing a user typed.
+    session
+        .query_unpaged(
+            format!("CREATE ROLE {role} WITH PASSWORD = '{password}' AND LOGIN = true"),
+            (),
+        )
+        .await
+        .expect("create a role");
+    session
+        .query_unpaged(
+            format!("GRANT ALL PERMISSIONS ON KEYSPACE {SECURE_KEYSPACE} TO {role}"),
+            (),
+        )
+        .await
+        .expect("grant the role the test keyspace");
+    (role, password)
+}
+
+#[tokio::test]
+async fn tls_with_a_trusted_certificate_and_right_credentials_works() {
+    let (role, password) = fresh_role().await;
+    let table = connect(secure_options(&role, &password), trusting_config())
+        .await
+        .expect("connect_tls with a trusted certificate and right credentials");
+    table.initialize(true).await.expect("initialize");
+    let snapshot = table.read_all().await.expect("read_all");
+    let e = entry();
+    assert!(
+        table
+            .insert_row(&e, &snapshot.version.next())
+            .await
+            .expect("insert")
+    );
+    let snapshot = table.read_all().await.expect("read_all");
+    assert_eq!(snapshot.rows.len(), 1);
+    assert_eq!(snapshot.rows[0].entry.address, e.address);
+    assert_eq!(snapshot.version.version, 1);
+}
+
+#[tokio::test]
+async fn a_client_that_does_not_trust_the_certificate_fails_clearly() {
+    let started = std::time::Instant::now();
+    let err = connect(
+        secure_options("cassandra", "cassandra"),
+        distrusting_config(),
+    )
+    .await
+    .expect_err("a client that trusts nothing must not connect");
+    let text = format!("{err} {err:?}");
+    assert!(
+        text.contains("UnknownIssuer") || text.to_lowercase().contains("certificate"),
+        "the error says the certificate is not trusted: {text}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "failed in {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn wrong_credentials_are_an_authentication_error_that_names_the_user_not_the_password() {
+    let (role, password) = fresh_role().await;
+    let wrong = format!("{password}-wrong");
+    let err = connect(secure_options(&role, &wrong), trusting_config())
+        .await
+        .expect_err("a wrong password must not connect");
+    // A transient `Unavailable` would make hosts retry forever with the same wrong password.
+    assert!(
+        matches!(err, MembershipError::AccessDenied { .. }),
+        "wrong credentials are an access error, not a transient outage: {err:?}"
+    );
+    let text = format!("{err} {err:?}");
+    assert!(text.contains(&role), "the error names the user: {text}");
+    assert!(
+        !text.contains(&wrong),
+        "the error never shows the password: {text}"
+    );
+}
+
+/// A writer for the tracing subscriber that keeps everything in memory.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+// Current-thread runtime (the default): every task of the driver logs on this thread, so the
+// thread's default subscriber sees all of it.
+#[tokio::test]
+async fn the_password_appears_in_no_log_line_at_trace_level() {
+    let (role, password) = fresh_role().await;
+    let wrong = format!("{password}-wrong");
+    let captured = Captured::default();
+    let sink = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || sink.clone())
+        .with_ansi(false)
+        .finish();
+    let guard = tracing::subscriber::set_default(subscriber);
+    let options = secure_options(&role, &password);
+    let debug_text = format!("{options:?}");
+    let table = connect(options, trusting_config()).await.expect("connect");
+    table.initialize(true).await.expect("initialize");
+    let snapshot = table.read_all().await.expect("read_all");
+    table
+        .insert_row(&entry(), &snapshot.version.next())
+        .await
+        .expect("insert");
+    let _ = connect(secure_options(&role, &wrong), trusting_config()).await;
+    drop(table);
+    drop(guard);
+    let logs = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
+    assert!(
+        logs.lines().count() > 50 && logs.contains("TRACE"),
+        "TRACE logging was captured ({} lines)",
+        logs.lines().count()
+    );
+    assert!(
+        logs.contains(&role) || logs.contains("initialize"),
+        "the run is in the logs"
+    );
+    for secret in [&password, &wrong] {
+        assert!(
+            !logs.contains(secret.as_str()),
+            "a password appears in the logs: {}",
+            logs.lines()
+                .find(|l| l.contains(secret.as_str()))
+                .unwrap_or_default()
+        );
+    }
+    assert!(
+        !debug_text.contains(&password),
+        "Debug of the options hides the password"
+    );
+}

@@ -1,0 +1,135 @@
+//! The history checker on the in-memory table: a workload of concurrent clients is linearizable
+//! on the real implementation, and a deliberately broken one (it drops the version condition)
+//! is caught. The same checker judges the three-node fault runs (`tests/three_nodes`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use cassandra_membership::conformance::history::History;
+use cassandra_membership::conformance::workload::{self, WorkloadOptions};
+use cassandra_membership::{
+    ETag, HeartbeatOutcome, InMemoryMembershipTable, MembershipEntry, MembershipSnapshot,
+    MembershipTable, Result, SiloAddress, TableVersion, Timestamp,
+};
+
+/// Presents the *current* version tag instead of the caller's: a lost-update bug.
+#[derive(Debug)]
+struct DropsTheVersionCondition(InMemoryMembershipTable);
+
+#[async_trait]
+impl MembershipTable for DropsTheVersionCondition {
+    fn cluster_id(&self) -> &str {
+        self.0.cluster_id()
+    }
+    async fn initialize(&self, try_init_version: bool) -> Result<()> {
+        self.0.initialize(try_init_version).await
+    }
+    async fn read_all(&self) -> Result<MembershipSnapshot> {
+        self.0.read_all().await
+    }
+    async fn read_row(&self, address: &SiloAddress) -> Result<MembershipSnapshot> {
+        self.0.read_row(address).await
+    }
+    async fn insert_row(
+        &self,
+        entry: &MembershipEntry,
+        new_version: &TableVersion,
+    ) -> Result<bool> {
+        let current = self.0.read_all().await?.version;
+        tokio::task::yield_now().await;
+        let forged = TableVersion {
+            etag: current.etag,
+            ..new_version.clone()
+        };
+        self.0.insert_row(entry, &forged).await
+    }
+    async fn update_row(
+        &self,
+        entry: &MembershipEntry,
+        row_etag: &ETag,
+        new_version: &TableVersion,
+    ) -> Result<bool> {
+        let current = self.0.read_all().await?.version;
+        tokio::task::yield_now().await;
+        let forged = TableVersion {
+            etag: current.etag,
+            ..new_version.clone()
+        };
+        self.0.update_row(entry, row_etag, &forged).await
+    }
+    async fn update_i_am_alive(
+        &self,
+        address: &SiloAddress,
+        time: Timestamp,
+    ) -> Result<HeartbeatOutcome> {
+        self.0.update_i_am_alive(address, time).await
+    }
+    async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize> {
+        self.0.cleanup_defunct(before).await
+    }
+    async fn delete_cluster(&self, cluster_id: &str) -> Result<()> {
+        self.0.delete_cluster(cluster_id).await
+    }
+}
+
+fn options() -> WorkloadOptions {
+    WorkloadOptions {
+        silos_per_client: 3,
+        pause: Duration::from_millis(2),
+        heartbeat_every: Duration::from_millis(50),
+        hung_after: Duration::from_secs(10),
+        think: Duration::from_millis(3),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_memory_table_gives_linearizable_histories() {
+    let table = InMemoryMembershipTable::new("history");
+    table.initialize(true).await.unwrap();
+    let clients: Vec<Arc<dyn MembershipTable>> = (0..3)
+        .map(|_| Arc::new(table.for_cluster("history")) as Arc<dyn MembershipTable>)
+        .collect();
+    let history = Arc::new(History::new());
+    let report = workload::run(
+        clients,
+        history.clone(),
+        options(),
+        Instant::now() + Duration::from_millis(600),
+    )
+    .await;
+    let verdict = history.check().unwrap();
+    assert!(
+        report.applied > 10,
+        "the workload made progress: {report:?}"
+    );
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    assert!(verdict.operations > 100, "{verdict:?}");
+    assert!(verdict.linearizable, "{verdict:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_drops_the_version_condition_is_caught() {
+    let inner = InMemoryMembershipTable::new("broken");
+    inner.initialize(true).await.unwrap();
+    let clients: Vec<Arc<dyn MembershipTable>> = (0..3)
+        .map(|_| {
+            Arc::new(DropsTheVersionCondition(inner.for_cluster("broken")))
+                as Arc<dyn MembershipTable>
+        })
+        .collect();
+    let history = Arc::new(History::new());
+    workload::run(
+        clients,
+        history.clone(),
+        options(),
+        Instant::now() + Duration::from_millis(150),
+    )
+    .await;
+    let verdict = history.check().unwrap();
+    assert!(verdict.operations > 20, "{verdict:?}");
+    assert!(
+        !verdict.linearizable,
+        "lost updates must make the history non-linearizable: {verdict:?}"
+    );
+}

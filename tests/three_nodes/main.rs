@@ -1,0 +1,638 @@
+//! Faults on three nodes: a workload of several table values (membership writes, consistent
+//! reads, heartbeats) runs through a node killed, a node paused, two nodes down and restarts;
+//! every versioned operation is recorded and the history checked for linearizability.
+//!
+//! Needs the three-node ring of `scripts/cassandra.sh start 3` (nodes `CASSANDRA_FIRST_NODE`..+2,
+//! default 1..3, on 127.0.0.K) and sends it signals through that script. Not part of the
+//! one-node run: `scripts/test.sh` runs it in its three-node stage (`cargo test --test three_nodes`).
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cassandra_membership::conformance::history::History;
+use cassandra_membership::conformance::workload::{self, WorkloadOptions, WorkloadReport};
+use cassandra_membership::{CassandraClusteringOptions, CassandraMembershipTable, MembershipTable};
+use scylla::client::session::Session;
+use scylla::client::session_builder::SessionBuilder;
+use tokio::sync::{Mutex, OnceCell};
+
+/// The keyspace of the fault runs: replication factor 3, dropped and made anew once per run.
+const KEYSPACE: &str = "cm_faults";
+/// The per-statement timeout of the table values under test.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One fault at a time: every test takes this for its whole run.
+static SERIAL: Mutex<()> = Mutex::const_new(());
+static KEYSPACE_READY: OnceCell<()> = OnceCell::const_new();
+
+fn first_node() -> u32 {
+    std::env::var("CASSANDRA_FIRST_NODE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
+fn nodes() -> Vec<u32> {
+    let f = first_node();
+    vec![f, f + 1, f + 2]
+}
+
+fn contact_points() -> Vec<String> {
+    nodes()
+        .iter()
+        .map(|i| format!("127.0.0.{i}:9042"))
+        .collect()
+}
+
+/// `scripts/cassandra.sh COMMAND I`.
+fn node(command: &str, i: u32) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cassandra.sh");
+    let status = Command::new("bash")
+        .arg(script)
+        .arg(command)
+        .arg(i.to_string())
+        .status()
+        .expect("run scripts/cassandra.sh");
+    assert!(
+        status.success(),
+        "scripts/cassandra.sh {command} {i} failed"
+    );
+}
+
+fn cql_up(i: u32) -> bool {
+    std::net::TcpStream::connect_timeout(
+        &format!("127.0.0.{i}:9042").parse().unwrap(),
+        Duration::from_secs(1),
+    )
+    .is_ok()
+}
+
+/// Brings every node back (resumes paused ones, restarts killed ones) and waits until each
+/// answers and sees the others up.
+async fn heal() {
+    for i in nodes() {
+        let _ = Command::new("bash")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cassandra.sh"))
+            .args(["resume", &i.to_string()])
+            .status();
+    }
+    for i in nodes() {
+        if !cql_up(i) {
+            node("restart", i);
+        }
+    }
+    // Gossip needs a moment to mark restarted peers up everywhere.
+    let s = tokio::time::timeout(Duration::from_secs(60), session())
+        .await
+        .expect("a session to the healed ring within 60 s");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let up = s
+            .query_unpaged("SELECT peer FROM system.peers", ())
+            .await
+            .ok()
+            .and_then(|r| r.into_rows_result().ok())
+            .map(|r| r.rows_num())
+            .unwrap_or(0);
+        let agreed = tokio::time::timeout(Duration::from_secs(10), s.await_schema_agreement())
+            .await
+            .is_ok_and(|r| r.is_ok());
+        if up == 2 && agreed {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the ring did not heal within 90 s"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn session() -> Arc<Session> {
+    let points = contact_points();
+    Arc::new(
+        SessionBuilder::new()
+            .known_nodes(&points)
+            .connection_timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "no three-node ring answers at {points:?} ({e}): start one with \
+                     `scripts/cassandra.sh start 3`, or run `scripts/test.sh`"
+                )
+            }),
+    )
+}
+
+async fn keyspace() {
+    KEYSPACE_READY
+        .get_or_init(|| async {
+            let s = session().await;
+            s.query_unpaged(format!("DROP KEYSPACE IF EXISTS {KEYSPACE}"), ())
+                .await
+                .expect("drop the previous run's keyspace");
+            s.query_unpaged(
+                format!(
+                    "CREATE KEYSPACE {KEYSPACE} WITH replication = \
+                     {{'class': 'SimpleStrategy', 'replication_factor': 3}}"
+                ),
+                (),
+            )
+            .await
+            .expect("create the RF 3 keyspace");
+            s.await_schema_agreement().await.expect("schema agreement");
+        })
+        .await;
+}
+
+fn options(cluster: &str) -> CassandraClusteringOptions {
+    CassandraClusteringOptions::new(KEYSPACE, "faults", cluster)
+        .contact_points(contact_points())
+        .request_timeout(REQUEST_TIMEOUT)
+}
+
+/// `clients` table values, each with its own session, for a fresh initialized cluster.
+async fn clients(cluster: &str, clients: usize) -> Vec<Arc<dyn MembershipTable>> {
+    let mut tables: Vec<Arc<dyn MembershipTable>> = Vec::new();
+    for _ in 0..clients {
+        let t = CassandraMembershipTable::connect(options(cluster))
+            .await
+            .expect("connect");
+        tables.push(Arc::new(t));
+    }
+    tables[0].initialize(true).await.expect("initialize");
+    tables
+}
+
+fn workload_options() -> WorkloadOptions {
+    WorkloadOptions {
+        // Well past any call's documented bound (a statement, a re-read, a fence, a re-read).
+        hung_after: REQUEST_TIMEOUT * 6,
+        // Three writers on one partition, a few membership changes a second each: far above a
+        // real cluster's rate, yet not a Paxos duel on every write on two shared cores.
+        pause: Duration::from_millis(150),
+        ..WorkloadOptions::default()
+    }
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Checks the history and prints the figures the README quotes.
+fn checked(name: &str, history: &History, report: &WorkloadReport) {
+    let t0 = Instant::now();
+    let verdict = history.check().expect("a well-formed history");
+    println!(
+        "{name}: {} operations ({} returned, {} writes applied), {} failures {:?}, slowest call {:?}; \
+         checked in {:?}: linearizable = {}",
+        verdict.operations,
+        verdict.returned,
+        report.applied,
+        report.failures.len(),
+        report.by_kind(),
+        report.slowest,
+        t0.elapsed(),
+        verdict.linearizable
+    );
+    assert!(
+        verdict.linearizable,
+        "{name}: the history is not linearizable"
+    );
+    assert!(report.applied > 0, "{name}: the workload made progress");
+}
+
+/// Rows stored in the cluster's partition (bypassing the provider) vs entries it reads: a torn
+/// or partial row would be stored but not read.
+async fn stored_rows(cluster: &str) -> usize {
+    session()
+        .await
+        .query_unpaged(
+            format!(
+                "SELECT silo FROM {KEYSPACE}.membership WHERE service_id = 'faults' AND cluster_id = ?"
+            ),
+            (cluster,),
+        )
+        .await
+        .expect("raw read")
+        .into_rows_result()
+        .expect("rows")
+        .rows::<(Option<String>,)>()
+        .expect("typed rows")
+        .filter(|r| matches!(r, Ok((Some(_),))))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_node_killed_every_operation_still_succeeds_after_rerouting() {
+    let _serial = SERIAL.lock().await;
+    keyspace().await;
+    heal().await;
+    let cluster = unique("kill");
+    let tables = clients(&cluster, 3).await;
+    let history = Arc::new(History::new());
+    let until = Instant::now() + Duration::from_secs(40);
+    let run = tokio::spawn(workload::run(
+        tables.clone(),
+        history.clone(),
+        workload_options(),
+        until,
+    ));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let victim = nodes()[2];
+    node("kill", victim);
+    let killed_at = Duration::from_secs(5);
+    // Silos starting meanwhile: many initialize at once, creating a new table while the dead
+    // node cannot agree on schema.
+    let table = unique("t").replace('-', "_");
+    let mut starts = Vec::new();
+    for k in 0..8 {
+        let o = options(&format!("{cluster}-{k}")).table(table.clone());
+        starts.push(tokio::spawn(async move {
+            let t = CassandraMembershipTable::connect(o).await?;
+            t.initialize(true).await?;
+            t.read_all().await.map(|_| ())
+        }));
+    }
+    for s in starts {
+        s.await
+            .expect("join")
+            .expect("a silo starting while a node is dead initializes");
+    }
+    let report = run.await.expect("workload");
+    heal().await;
+    // The driver and the nodes need a moment to notice the dead node; once they have, nothing
+    // fails: the last 15 s of the run (from 25 s, 20 s after the kill) are clean.
+    let _ = killed_at;
+    let late = report.failures_after(Duration::from_secs(25));
+    assert!(late.is_empty(), "failures 20 s after the kill: {late:#?}");
+    checked("one node killed", &history, &report);
+    assert_eq!(
+        stored_rows(&cluster).await,
+        tables[0].read_all().await.expect("read").rows.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_node_paused_calls_return_in_time_with_honest_answers() {
+    let _serial = SERIAL.lock().await;
+    keyspace().await;
+    heal().await;
+    let cluster = unique("pause");
+    let tables = clients(&cluster, 3).await;
+    let history = Arc::new(History::new());
+    let until = Instant::now() + Duration::from_secs(65);
+    let run = tokio::spawn(workload::run(
+        tables.clone(),
+        history.clone(),
+        workload_options(),
+        until,
+    ));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let victim = nodes()[1];
+    node("pause", victim);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    node("resume", victim);
+    let resumed_at = Duration::from_secs(25);
+    let report = run.await.expect("workload");
+    heal().await;
+    // A call may wait for one statement and, when ambiguous, a re-read: a few request timeouts.
+    let bound = REQUEST_TIMEOUT * 4 + Duration::from_secs(2);
+    assert!(
+        report.slowest <= bound,
+        "a call took {:?} (bound {bound:?})",
+        report.slowest
+    );
+    for f in &report.failures {
+        assert!(
+            matches!(
+                f.kind.as_str(),
+                "Timeout" | "OutcomeUnknown" | "Unavailable" | "Contention"
+            ),
+            "an error a caller cannot act on: {f:?}"
+        );
+    }
+    // A node resumed after 20 s has a backlog to work off (expired messages, hints, Paxos
+    // rounds it missed); on two shared cores that takes a while. Once it has, nothing fails:
+    // the last 15 s of the run (from 50 s, 25 s after the resume) are clean.
+    let _ = resumed_at;
+    let late = report.failures_after(Duration::from_secs(50));
+    assert!(
+        late.is_empty(),
+        "failures 25 s after the node resumed: {late:#?}"
+    );
+    checked("one node paused", &history, &report);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_nodes_down_give_typed_unavailable_and_no_partial_state() {
+    let _serial = SERIAL.lock().await;
+    keyspace().await;
+    heal().await;
+    let cluster = unique("two");
+    let tables = clients(&cluster, 3).await;
+    let history = Arc::new(History::new());
+    let until = Instant::now() + Duration::from_secs(30);
+    let run = tokio::spawn(workload::run(
+        tables.clone(),
+        history.clone(),
+        workload_options(),
+        until,
+    ));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let [_, b, c] = nodes()[..] else {
+        unreachable!()
+    };
+    node("kill", b);
+    node("kill", c);
+    let down_at = Duration::from_secs(5);
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    // Restart while the workload still runs: the cluster must converge.
+    node("restart", b);
+    node("restart", c);
+    let report = run.await.expect("workload");
+    heal().await;
+    let during: Vec<_> = report
+        .failures
+        .iter()
+        // From shortly after the kill until the nodes are back (the restarts take a while).
+        .filter(|f| f.at >= down_at + Duration::from_secs(1))
+        .collect();
+    assert!(
+        !during.is_empty(),
+        "with two of three nodes down, calls fail: {:?}",
+        report.failures
+    );
+    for f in &during {
+        assert!(
+            matches!(
+                f.kind.as_str(),
+                "Unavailable" | "Timeout" | "OutcomeUnknown"
+            ),
+            "a typed error: {f:?}"
+        );
+    }
+    assert!(
+        during.iter().any(|f| f.kind == "Unavailable"),
+        "at least some say Unavailable: {:?}",
+        report.by_kind()
+    );
+    checked("two nodes down, then restarted", &history, &report);
+    let read = tables[0].read_all().await.expect("read after healing");
+    assert_eq!(stored_rows(&cluster).await, read.rows.len(), "no torn rows");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn restarted_node_converges_and_no_acknowledged_write_is_lost() {
+    let _serial = SERIAL.lock().await;
+    keyspace().await;
+    heal().await;
+    let cluster = unique("restart");
+    let tables = clients(&cluster, 3).await;
+    let history = Arc::new(History::new());
+    let until = Instant::now() + Duration::from_secs(35);
+    let run = tokio::spawn(workload::run(
+        tables.clone(),
+        history.clone(),
+        workload_options(),
+        until,
+    ));
+    let victim = nodes()[0];
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    node("kill", victim);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    node("restart", victim);
+    let report = run.await.expect("workload");
+    heal().await;
+    checked("a node killed and restarted", &history, &report);
+    // Each applied write moved the version by one: the final version counts them (plus
+    // writes whose outcome stayed unknown and that did apply).
+    let read = tables[1].read_all().await.expect("read");
+    assert!(read.version.version >= report.applied);
+}
+
+/// The `silo_host` example, built once.
+fn silo_host_binary() -> std::path::PathBuf {
+    if let Ok(p) = std::env::var("SILO_HOST_BIN") {
+        return p.into();
+    }
+    let manifest = env!("CARGO_MANIFEST_DIR");
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "--example", "silo_host"])
+        .current_dir(manifest)
+        .status()
+        .expect("cargo build --example silo_host");
+    assert!(status.success(), "building the silo_host example failed");
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| format!("{manifest}/target"));
+    std::path::Path::new(&target).join("debug/examples/silo_host")
+}
+
+/// A running host process and the lines it printed.
+struct Host {
+    child: tokio::process::Child,
+    lines: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Host {
+    fn spawn(bin: &std::path::Path, cluster: &str, port: u16) -> Host {
+        let mut child = tokio::process::Command::new(bin)
+            .args([
+                "--contact-points",
+                &contact_points().join(","),
+                "--keyspace",
+                KEYSPACE,
+                "--rf",
+                "3",
+                "--cluster",
+                cluster,
+                "--port",
+                &port.to_string(),
+                "--period-ms",
+                "1000",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start a silo host");
+        let lines = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let out = child.stdout.take().expect("stdout");
+        let sink = lines.clone();
+        tokio::spawn(async move {
+            use tokio::io::AsyncBufReadExt;
+            let mut reader = tokio::io::BufReader::new(out).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Host { child, lines }
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.child.id().expect("running").to_string();
+        let ok = Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("kill");
+        assert!(ok.success(), "kill {sig} {pid}");
+    }
+
+    fn printed(&self, needle: &str) -> bool {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains(needle))
+    }
+
+    fn address(&self) -> Option<String> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|l| l.contains("\"joined\""))
+            .and_then(|l| l.split("\"detail\":\"").nth(1))
+            .map(|d| d.trim_end_matches("\"}").to_owned())
+    }
+}
+
+/// Statuses seen for each address, in order, by polling the table.
+type Observed = Arc<std::sync::Mutex<std::collections::BTreeMap<String, Vec<(Duration, i32)>>>>;
+
+async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !done() {
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    t0.elapsed()
+}
+
+fn last_status(observed: &Observed, address: &str) -> Option<i32> {
+    observed
+        .lock()
+        .unwrap()
+        .get(address)
+        .and_then(|v| v.last())
+        .map(|(_, s)| *s)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn silo_host_processes_declare_killed_and_paused_hosts_dead_and_a_dead_host_stops() {
+    const ACTIVE: i32 = 3;
+    const DEAD: i32 = 6;
+    let _serial = SERIAL.lock().await;
+    keyspace().await;
+    heal().await;
+    let bin = silo_host_binary();
+    let cluster = unique("hosts");
+    let hosts: Vec<Host> = (0..4)
+        .map(|k| Host::spawn(&bin, &cluster, 31_001 + k))
+        .collect();
+    // Observe the table from outside, the way an operator would.
+    let observer = CassandraMembershipTable::connect(
+        CassandraClusteringOptions::new(KEYSPACE, "hosts", &cluster)
+            .contact_points(contact_points()),
+    )
+    .await
+    .expect("observer");
+    let observed: Observed = Arc::default();
+    let started = Instant::now();
+    let poll = {
+        let observed = observed.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Ok(s) = observer.read_all().await {
+                    let mut o = observed.lock().unwrap();
+                    for r in &s.rows {
+                        let seq = o.entry(r.entry.address.to_string()).or_default();
+                        let status = r.entry.status.code();
+                        if seq.last().map(|(_, s)| *s) != Some(status) {
+                            seq.push((started.elapsed(), status));
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    wait_until("four hosts joined", Duration::from_secs(90), || {
+        hosts.iter().all(|h| h.address().is_some())
+    })
+    .await;
+    let addresses: Vec<String> = hosts.iter().map(|h| h.address().unwrap()).collect();
+    wait_until("four Active rows", Duration::from_secs(30), || {
+        addresses
+            .iter()
+            .all(|a| last_status(&observed, a) == Some(ACTIVE))
+    })
+    .await;
+
+    // Detection time with these options: 3 missed 1 s periods, then the votes of two others in
+    // their next detection rounds (1 s each), plus the slack of a busy two-core machine.
+    let detection = Duration::from_secs(3 + 2 + 10);
+
+    hosts[0].signal("-KILL");
+    let took = wait_until("the SIGKILLed host declared Dead", detection, || {
+        last_status(&observed, &addresses[0]) == Some(DEAD)
+    })
+    .await;
+    println!("SIGKILL: declared Dead after {took:?}");
+
+    hosts[1].signal("-STOP");
+    let took = wait_until("the SIGSTOPped host declared Dead", detection, || {
+        last_status(&observed, &addresses[1]) == Some(DEAD)
+    })
+    .await;
+    println!("SIGSTOP: declared Dead after {took:?}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    hosts[1].signal("-CONT");
+    let took = wait_until(
+        "the resumed host learns it is dead and stops",
+        Duration::from_secs(15),
+        || hosts[1].printed("\"stopped\""),
+    )
+    .await;
+    println!("SIGCONT: the host stopped {took:?} after resuming");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    // Graceful leave of the two others.
+    hosts[2].signal("-TERM");
+    hosts[3].signal("-TERM");
+    for h in &hosts[2..] {
+        wait_until("a host left", Duration::from_secs(30), || {
+            h.printed("\"left\"")
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    poll.abort();
+    let observed = observed.lock().unwrap().clone();
+    println!("statuses seen: {observed:?}");
+    for (k, a) in addresses.iter().enumerate() {
+        let seq = &observed[a];
+        assert_eq!(
+            seq.last().map(|(_, s)| *s),
+            Some(DEAD),
+            "host {k} ends Dead: {seq:?}"
+        );
+        // Once Dead, never back: a dead host never writes itself Active again.
+        let first_dead = seq.iter().position(|(_, s)| *s == DEAD).unwrap();
+        assert!(
+            seq[first_dead..].iter().all(|(_, s)| *s == DEAD),
+            "host {k} came back after Dead: {seq:?}"
+        );
+    }
+    assert!(
+        !hosts[1].printed("Healthy") || {
+            // Healthy lines are fine before the pause; none after the resumed host saw it was dead.
+            let lines = hosts[1].lines.lock().unwrap();
+            let stop = lines
+                .iter()
+                .position(|l| l.contains("\"stopped\""))
+                .unwrap();
+            !lines[stop..].iter().any(|l| l.contains("Healthy"))
+        }
+    );
+}
