@@ -118,9 +118,13 @@ enum Command {
     },
     /// Removes entries that are not Active and show no activity for this long (cleanup_defunct).
     Cleanup {
-        /// e.g. "7d", "12h".
+        /// e.g. "7d", "12h". At least 1h unless --force: a shorter cutoff would remove silos that
+        /// are starting (Joining) or shutting down right now.
         #[arg(long, value_parser = humantime::parse_duration)]
         older_than: Duration,
+        /// Allow --older-than below 1h.
+        #[arg(long)]
+        force: bool,
     },
     /// Deletes a whole cluster (its entries and version). Shows what it deletes; needs --yes.
     DeleteCluster {
@@ -207,7 +211,17 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             print(json, &a, || report::audit_text(&a))
         }
         Command::Patch { yes } => patch(&table, yes, json).await,
-        Command::Cleanup { older_than } => cleanup(&table, older_than, json).await,
+        Command::Cleanup { older_than, force } => {
+            if older_than < CLEANUP_FLOOR && !force {
+                return Err(CliError::Usage(format!(
+                    "cleanup --older-than {} would remove entries of silos that are starting or \
+                     stopping right now; use at least {} (or add --force)",
+                    humantime::format_duration(older_than),
+                    humantime::format_duration(CLEANUP_FLOOR)
+                )));
+            }
+            cleanup(&table, older_than, json).await
+        }
         Command::DeleteCluster { target, yes } => delete_cluster(&table, &target, yes, json).await,
         Command::Watch {
             interval,
@@ -370,6 +384,9 @@ struct CleanupReport {
     removed: usize,
 }
 
+/// The shortest `cleanup --older-than` without `--force`.
+const CLEANUP_FLOOR: Duration = Duration::from_secs(3600);
+
 async fn cleanup(
     table: &CassandraMembershipTable,
     older_than: Duration,
@@ -402,6 +419,8 @@ struct DeleteReport {
     cluster_id: String,
     version: Option<u64>,
     entries: usize,
+    /// Why the cluster could not be inspected before deleting (a damaged version), if so.
+    damaged: Option<String>,
     deleted: bool,
 }
 
@@ -412,12 +431,30 @@ async fn delete_cluster(
     json: bool,
 ) -> Result<(), CliError> {
     let service = table.options().service_id.clone();
-    let c = table.inspect_cluster(&service, target).await?;
+    let (version, entries, damaged) = match table.inspect_cluster(&service, target).await {
+        Ok(c) => (
+            (!c.version.etag.is_absent()).then_some(c.version.version),
+            c.entries.len() + c.unreadable.len(),
+            None,
+        ),
+        // A damaged version cannot be inspected, yet delete_cluster removes it: say so, go on.
+        Err(e @ cassandra_membership::MembershipError::CorruptData { .. }) => {
+            (None, 0, Some(e.to_string()))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if version.is_none() && entries == 0 && damaged.is_none() {
+        return Err(CliError::Failed(format!(
+            "no such cluster: service {service} has no cluster {target} in {}",
+            table.qualified_table()
+        )));
+    }
     let mut r = DeleteReport {
         service_id: service.clone(),
         cluster_id: target.to_owned(),
-        version: (!c.version.etag.is_absent()).then_some(c.version.version),
-        entries: c.entries.len() + c.unreadable.len(),
+        version,
+        entries,
+        damaged,
         deleted: false,
     };
     // Say what will go before anything goes.
@@ -425,7 +462,11 @@ async fn delete_cluster(
         "delete-cluster: service {service} cluster {target}: {} entr{} and the table version ({}) of {}",
         r.entries,
         if r.entries == 1 { "y" } else { "ies" },
-        r.version.map_or("none".into(), |v| format!("version {v}")),
+        match (&r.damaged, r.version) {
+            (Some(why), _) => format!("damaged: {why}"),
+            (None, Some(v)) => format!("version {v}"),
+            (None, None) => "none".into(),
+        },
         table.qualified_table(),
     );
     if !yes {

@@ -656,3 +656,79 @@ async fn clusters_exits_1_when_a_cluster_cannot_be_read_and_still_prints_the_oth
     drop_table(&blue).await;
     drop(green);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn delete_cluster_removes_a_cluster_whose_version_is_damaged_and_names_a_missing_one() {
+    let table = unique_table();
+    let blue = cluster(&table, "blue", false).await;
+    three_entries(&blue).await;
+    // A version written by another program: the cluster cannot be inspected, yet it can go.
+    blue.session()
+        .query_unpaged(
+            format!(
+                "UPDATE {} SET version = -1 WHERE service_id = ? AND cluster_id = ?",
+                blue.qualified_table()
+            ),
+            (SERVICE, "blue"),
+        )
+        .await
+        .unwrap();
+    let report = json(cli(&table).args(["delete-cluster", "blue", "--yes", "--json"]));
+    assert_eq!(report["deleted"], true, "{report}");
+    assert!(report["damaged"].is_string(), "{report}");
+    let left = blue
+        .session()
+        .query_unpaged(
+            format!(
+                "SELECT silo FROM {} WHERE service_id = ? AND cluster_id = ?",
+                blue.qualified_table()
+            ),
+            (SERVICE, "blue"),
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap()
+        .rows_num();
+    assert_eq!(left, 0, "the partition is empty");
+
+    let out = cli(&table)
+        .args(["delete-cluster", "no-such-cluster", "--yes"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no such cluster"), "{stderr}");
+    drop_table(&blue).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cleanup_below_an_hour_needs_force_and_removes_nothing_without_it() {
+    let table = unique_table();
+    let t = cluster(&table, "blue", false).await;
+    // A silo that is starting right now: a cutoff of "now" would remove it.
+    insert(
+        &t,
+        MembershipEntry::new(addr("10.0.2.1:1@1"), SiloStatus::Joining, Timestamp::now()),
+    )
+    .await;
+    let out = cli(&table)
+        .args(["--cluster", "blue", "cleanup", "--older-than", "0s"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
+    assert_eq!(t.read_all().await.unwrap().rows.len(), 1, "nothing removed");
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let report = json(cli(&table).args([
+        "--cluster",
+        "blue",
+        "cleanup",
+        "--older-than",
+        "1s",
+        "--force",
+        "--json",
+    ]));
+    assert_eq!(report["removed"], 1, "{report}");
+    drop_table(&t).await;
+}
