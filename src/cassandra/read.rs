@@ -17,11 +17,11 @@ use super::{CassandraMembershipTable, MAX_ATTEMPTS, bump};
 use crate::error::{MembershipError, Result};
 use crate::model::{ETag, MembershipRow, MembershipSnapshot, SiloAddress, TableVersion};
 
-/// How many times a read is sent when it times out. A read changes nothing we own (a serial
-/// read may complete someone's in-flight proposal, which any later read would do too), so a
-/// coordinator that was slow or lost is retried, most likely through another one: the caller
-/// waits at most this many request timeouts.
-const READ_ATTEMPTS: u32 = 3;
+/// How many times a statement of a read is sent when it times out. A read changes nothing we
+/// own (a serial read may complete someone's in-flight proposal, which any later read would do
+/// too), so a coordinator that was slow or lost is tried once more, most likely through another
+/// one: one statement costs the caller at most two request timeouts.
+const READ_ATTEMPTS: u32 = 2;
 
 /// Whether to send a read again after `err` on attempt `attempt` (sleeping briefly first).
 async fn retry_read(err: &MembershipError, attempt: u32) -> bool {

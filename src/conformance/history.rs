@@ -5,6 +5,11 @@
 //! Etags are random, so the model names the tags it creates symbolically and binds each symbol to
 //! the text the first read in a linearization shows for it; a write expecting a tag applies only
 //! if the model's current tag is bound to that text (tags are never reused).
+//!
+//! What the provider promises, and so what the model checks: `Ok(true)` only for a write whose
+//! condition held, applied atomically at one point; `Ok(false)` never for a write that applied
+//! (a later read would show its marker). A `false` may *fence* (move the version tag, keeping the
+//! number and the entries), so a read may show a version tag no write of the history made.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -25,6 +30,8 @@ pub enum HistoryOp {
         silo: String,
         /// Status code.
         status: i32,
+        /// A value unique to this write (stored in the entry), so its effect is recognisable.
+        marker: i32,
         /// The version tag presented.
         expected_version_etag: String,
         /// The version number written.
@@ -36,6 +43,8 @@ pub enum HistoryOp {
         silo: String,
         /// Status code.
         status: i32,
+        /// A value unique to this write (stored in the entry), so its effect is recognisable.
+        marker: i32,
         /// The row tag presented.
         expected_row_etag: String,
         /// The version tag presented.
@@ -55,15 +64,16 @@ pub enum HistoryRet {
         version: i64,
         /// Version tag.
         version_etag: String,
-        /// Entry address text → (status code, row tag).
-        rows: BTreeMap<String, (i32, String)>,
+        /// Entry address text → (status code, the marker of the write that stored it, row tag).
+        rows: BTreeMap<String, (i32, i32, String)>,
     },
     /// `Ok(applied)` of a conditional write.
     Applied(bool),
 }
 
 impl HistoryRet {
-    /// The return of a `read_all`.
+    /// The return of a `read_all`. The marker of an entry is its `update_zone`: the workload
+    /// stores each write's marker there.
     pub fn snapshot(s: &MembershipSnapshot) -> Self {
         HistoryRet::Snapshot {
             version: i64::try_from(s.version.version).unwrap_or(i64::MAX),
@@ -74,7 +84,11 @@ impl HistoryRet {
                 .map(|r| {
                     (
                         r.entry.address.to_string(),
-                        (r.entry.status.code(), r.etag.as_str().to_owned()),
+                        (
+                            r.entry.status.code(),
+                            r.entry.update_zone,
+                            r.etag.as_str().to_owned(),
+                        ),
                     )
                 })
                 .collect(),
@@ -82,7 +96,7 @@ impl HistoryRet {
     }
 }
 
-/// The checker's stack: enough for histories of tens of thousands of operations.
+/// The checker's stack: its search recurses once per operation.
 const CHECK_STACK_BYTES: usize = 1 << 30;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -156,7 +170,24 @@ impl History {
             .map_err(|_| "the checker panicked".to_owned())?
     }
 
-    fn check_events(events: Vec<Event>) -> Result<Verdict, String> {
+    fn check_events(mut events: Vec<Event>) -> Result<Verdict, String> {
+        // A read that never returned changed nothing: leave it out, or the search would try it at
+        // every point (a thread's in-flight operation is its last event).
+        let mut last = HashMap::new();
+        for (i, e) in events.iter().enumerate() {
+            let (Event::Invoke(t, _) | Event::Return(t, _)) = e;
+            last.insert(*t, i);
+        }
+        let dropped: std::collections::HashSet<usize> = last
+            .values()
+            .copied()
+            .filter(|&i| matches!(events[i], Event::Invoke(_, HistoryOp::ReadAll)))
+            .collect();
+        let mut i = 0;
+        events.retain(|_| {
+            i += 1;
+            !dropped.contains(&(i - 1))
+        });
         let mut tester = LinearizabilityTester::new(ClusterModel::default());
         let (mut operations, mut returned) = (0, 0);
         for event in events {
@@ -189,7 +220,8 @@ struct Tag(u64);
 struct ClusterModel {
     version: i64,
     version_tag: Tag,
-    rows: BTreeMap<String, (i32, Tag)>,
+    /// Address text → (status, marker, row tag).
+    rows: BTreeMap<String, (i32, i32, Tag)>,
     bound: HashMap<Tag, String>,
     by_text: HashMap<String, Tag>,
     next: u64,
@@ -238,7 +270,7 @@ impl ClusterModel {
             } => {
                 self.rows
                     .get(silo)
-                    .is_some_and(|(_, tag)| self.is(*tag, expected_row_etag))
+                    .is_some_and(|(_, _, tag)| self.is(*tag, expected_row_etag))
                     && self.is(self.version_tag, expected_version_etag)
             }
         }
@@ -248,18 +280,20 @@ impl ClusterModel {
         if let HistoryOp::Insert {
             silo,
             status,
+            marker,
             version,
             ..
         }
         | HistoryOp::Update {
             silo,
             status,
+            marker,
             version,
             ..
         } = op
         {
             let (row_tag, version_tag) = (self.fresh(), self.fresh());
-            self.rows.insert(silo.clone(), (*status, row_tag));
+            self.rows.insert(silo.clone(), (*status, *marker, row_tag));
             self.version = *version;
             self.version_tag = version_tag;
         }
@@ -293,28 +327,38 @@ impl SequentialSpec for ClusterModel {
                     rows,
                 },
             ) => {
-                if *version != self.version
-                    || rows.len() != self.rows.len()
-                    || !self.bind(self.version_tag, version_etag)
-                {
+                if *version != self.version || rows.len() != self.rows.len() {
                     return false;
                 }
-                let expected: Vec<(String, (i32, Tag))> =
+                if !self.bind(self.version_tag, version_etag) {
+                    // A fence: the same version under a tag nobody has seen yet.
+                    if self.by_text.contains_key(version_etag) {
+                        return false;
+                    }
+                    self.version_tag = self.fresh();
+                    self.bind(self.version_tag, version_etag);
+                }
+                let expected: Vec<(String, (i32, i32, Tag))> =
                     self.rows.iter().map(|(k, v)| (k.clone(), *v)).collect();
-                for (silo, (status, tag)) in expected {
+                for (silo, (status, marker, tag)) in expected {
                     match rows.get(&silo) {
-                        Some((s, text)) if *s == status && self.bind(tag, text) => {}
+                        Some((s, m, text))
+                            if *s == status && *m == marker && self.bind(tag, text) => {}
                         _ => return false,
                     }
                 }
                 true
             }
-            (HistoryOp::Insert { .. } | HistoryOp::Update { .. }, HistoryRet::Applied(applied)) => {
+            // `false`: nothing applied (a fence it may have left shows in later reads).
+            (HistoryOp::Insert { .. } | HistoryOp::Update { .. }, HistoryRet::Applied(false)) => {
+                true
+            }
+            (HistoryOp::Insert { .. } | HistoryOp::Update { .. }, HistoryRet::Applied(true)) => {
                 let applies = self.condition(op);
                 if applies {
                     self.apply(op);
                 }
-                applies == *applied
+                applies
             }
             _ => false,
         }
@@ -331,7 +375,7 @@ mod tests {
             version_etag: etag.into(),
             rows: rows
                 .iter()
-                .map(|(s, st, t)| ((*s).to_owned(), (*st, (*t).to_owned())))
+                .map(|(s, st, t)| ((*s).to_owned(), (*st, 7, (*t).to_owned())))
                 .collect(),
         }
     }
@@ -340,6 +384,7 @@ mod tests {
         HistoryOp::Insert {
             silo: silo.into(),
             status: 3,
+            marker: 7,
             expected_version_etag: expected.into(),
             version,
         }
@@ -398,6 +443,42 @@ mod tests {
             }
             assert!(h.check().unwrap().linearizable, "shows_it = {shows_it}");
         }
+    }
+
+    #[test]
+    fn a_fenced_false_may_move_the_version_tag_but_not_the_number() {
+        let h = History::new();
+        h.invoke(0, HistoryOp::ReadAll);
+        h.respond(0, snapshot(0, "v0", &[]));
+        h.invoke(0, insert("a", "v0", 1));
+        h.respond(0, HistoryRet::Applied(false));
+        h.invoke(0, HistoryOp::ReadAll);
+        h.respond(0, snapshot(0, "fence", &[]));
+        h.invoke(0, insert("a", "fence", 1));
+        h.respond(0, HistoryRet::Applied(true));
+        h.invoke(0, HistoryOp::ReadAll);
+        h.respond(0, snapshot(1, "v1", &[("a", 3, "r1")]));
+        assert!(h.check().unwrap().linearizable);
+        // But a tag seen before cannot come back, and the number cannot move without a write.
+        let h = History::new();
+        h.invoke(0, HistoryOp::ReadAll);
+        h.respond(0, snapshot(0, "v0", &[]));
+        h.invoke(0, HistoryOp::ReadAll);
+        h.respond(0, snapshot(1, "other", &[]));
+        assert!(!h.check().unwrap().linearizable);
+    }
+
+    #[test]
+    fn reads_that_never_returned_are_left_out() {
+        let h = History::new();
+        for t in 0..40 {
+            h.invoke(t, HistoryOp::ReadAll); // each failed, its client moved to a new thread
+        }
+        h.invoke(50, HistoryOp::ReadAll);
+        h.respond(50, snapshot(0, "v0", &[]));
+        let v = h.check().unwrap();
+        assert!(v.linearizable);
+        assert_eq!(v.operations, 1);
     }
 
     #[test]

@@ -64,6 +64,8 @@ pub struct WorkloadReport {
     pub ok: u64,
     /// Writes that returned `Ok(true)`.
     pub applied: u64,
+    /// When each of them was sent (since the start).
+    pub applied_at: Vec<Duration>,
     /// Every failed call.
     pub failures: Vec<Failure>,
     /// The longest any call took.
@@ -167,7 +169,10 @@ pub async fn run(
         }));
     }
     for t in tasks {
-        let _ = t.await;
+        // A client that panicked would silently shrink the workload: let it show.
+        if let Err(e) = t.await {
+            std::panic::resume_unwind(e.into_panic());
+        }
     }
     let shared = shared.lock().unwrap_or_else(|p| p.into_inner());
     shared.report.clone()
@@ -184,6 +189,8 @@ async fn client_loop(
 ) {
     let mut thread = history.thread();
     let mut inserted = 0u16;
+    // Each write stores a marker of its own (in `update_zone`), unique across clients.
+    let mut writes = 0i32;
     let mut last_heartbeat = Instant::now();
     while Instant::now() < until {
         tokio::time::sleep(options.pause).await;
@@ -216,13 +223,17 @@ async fn client_loop(
         let version = i64::try_from(next.version).unwrap_or(i64::MAX);
         let expected_version_etag = snapshot.version.etag.as_str().to_owned();
         let own = address(client, inserted);
+        writes += 1;
+        let marker = i32::try_from(client).unwrap_or(0).saturating_mul(1_000_000) + writes;
         let (op, call): (HistoryOp, _) = if inserted < options.silos_per_client
             && !snapshot.rows.iter().any(|r| r.entry.address == own)
         {
-            let entry = MembershipEntry::new(own, SiloStatus::Joining, Timestamp::now());
+            let mut entry = MembershipEntry::new(own, SiloStatus::Joining, Timestamp::now());
+            entry.update_zone = marker;
             let op = HistoryOp::Insert {
                 silo: own.to_string(),
                 status: entry.status.code(),
+                marker,
                 expected_version_etag,
                 version,
             };
@@ -233,6 +244,7 @@ async fn client_loop(
             let pick = rand::rng().random_range(0..snapshot.rows.len());
             let row = &snapshot.rows[pick];
             let mut entry = row.entry.clone();
+            entry.update_zone = marker;
             entry.status = match entry.status {
                 SiloStatus::Joining => SiloStatus::Active,
                 SiloStatus::Active => SiloStatus::ShuttingDown,
@@ -241,6 +253,7 @@ async fn client_loop(
             let op = HistoryOp::Update {
                 silo: entry.address.to_string(),
                 status: entry.status.code(),
+                marker,
                 expected_row_etag: row.etag.as_str().to_owned(),
                 expected_version_etag,
                 version,
@@ -267,7 +280,10 @@ async fn client_loop(
             Ok(applied) => {
                 history.respond(thread, HistoryRet::Applied(applied));
                 if applied {
-                    lock(&shared).report.applied += 1;
+                    let mut s = lock(&shared);
+                    s.report.applied += 1;
+                    s.report.applied_at.push(t0.duration_since(started));
+                    drop(s);
                     if matches!(call, Call::Insert(_)) {
                         inserted += 1;
                     }
