@@ -817,6 +817,25 @@ pub(super) struct HeartbeatCell {
     pub(super) ttl: Option<i32>,
 }
 
+impl HeartbeatCell {
+    /// Elements read without their write times (`read_heartbeat_values.cql`): each is taken to
+    /// be written at its own I-am-alive time (µs), as the provider writes every heartbeat; an
+    /// element without one cannot be dated and is left alone. TTLs are unknown.
+    pub(super) fn without_write_times(
+        elements: BTreeMap<String, super::rows::StoredHeartbeat>,
+    ) -> Vec<HeartbeatCell> {
+        elements
+            .into_iter()
+            .map(|(key, value)| HeartbeatCell {
+                key,
+                written: value.1.map(|t| t.0.saturating_mul(1000)),
+                value: Some(value),
+                ttl: None,
+            })
+            .collect()
+    }
+}
+
 /// `read_heartbeats.cql`: the map and its per-element write times and TTLs, in key order.
 #[derive(DeserializeRow)]
 pub(super) struct HeartbeatCellsRow {
@@ -860,6 +879,25 @@ mod tests {
         assert!(remaining_seconds(Timestamp::from_millis(i64::MIN), now, 6) < 0);
         assert_eq!(clamp_ttl(i64::MAX, 6), 6);
         assert_eq!(clamp_ttl(4_102_444_800, 900_000_000), 630_720_000);
+    }
+
+    #[test]
+    fn without_write_times_an_element_is_dated_by_its_own_i_am_alive_time() {
+        use scylla::value::CqlTimestamp;
+        let cells = HeartbeatCell::without_write_times(BTreeMap::from([
+            (
+                "a".to_owned(),
+                (Some(CqlTimestamp(1)), Some(CqlTimestamp(5_000))),
+            ),
+            ("b".to_owned(), (Some(CqlTimestamp(1)), None)),
+            ("c".to_owned(), (None, Some(CqlTimestamp(i64::MIN)))),
+        ]));
+        let written: Vec<_> = cells.iter().map(|c| (c.key.as_str(), c.written)).collect();
+        assert_eq!(
+            written,
+            [("a", Some(5_000_000)), ("b", None), ("c", Some(i64::MIN))]
+        );
+        assert!(cells.iter().all(|c| c.ttl.is_none()));
     }
 
     #[test]
