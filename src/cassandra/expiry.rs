@@ -454,7 +454,11 @@ impl CassandraMembershipTable {
                 if empty.contains(silo) || row.etag.is_none() {
                     // Only a marker (or null cells) left: no entry; defunct cleanup removes it.
                     leftovers = true;
-                } else if ttl_on != row.etag_ttl.is_some() || !self.bounded(row.etag_ttl) {
+                } else if ttl_on != row.etag_ttl.is_some()
+                    || (ttl_on && !self.bounded(row.etag_ttl))
+                {
+                    // (With expiry off a row without TTL agrees; `bounded` is about TTLs this
+                    // configuration writes. It may also be a row inserted between the two reads.)
                     if row.etag_ttl.is_none() {
                         leftovers = true;
                     }
