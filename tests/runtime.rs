@@ -396,6 +396,7 @@ async fn cleanup_sleeps_while_storage_expiry_covers_it_and_runs_once_it_does_not
     tokio::time::sleep(2 * hour + o.defunct_silo_cleanup_jitter).await;
     let ran = table.cleanups.load(Ordering::SeqCst);
     assert!(ran >= 1, "no longer covered: the cleanup runs");
+    assert!(cleanup.is_active());
     table.covered.store(true, Ordering::SeqCst);
     tokio::time::sleep(2 * hour).await;
     let settled = table.cleanups.load(Ordering::SeqCst);

@@ -73,6 +73,9 @@ impl Drop for Registration {
 /// A running cleanup task.
 #[derive(Debug)]
 pub struct DefunctCleanup {
+    /// The table, asked whether storage covers the cleanup.
+    table: Arc<dyn MembershipTable>,
+    force: bool,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
     removed: watch::Receiver<u64>,
@@ -83,9 +86,10 @@ pub struct DefunctCleanup {
 pub enum CleanupNotStarted {
     /// `defunct_silo_cleanup_period` is `None`.
     Disabled,
-    /// Storage-side expiry removes defunct entries already (`force_defunct_cleanup` overrides).
-    /// No longer returned: whether storage covers the cleanup can change while the silo runs
-    /// (README "Expiry"), so the task starts and re-checks it every period.
+    /// Storage-side expiry removes defunct entries already (`force_defunct_cleanup` overrides),
+    /// and this process already runs a cleanup task for the table, which re-checks that every
+    /// period. (The first task always starts: whether storage covers the cleanup can change
+    /// while the silo runs, README "Expiry".)
     CoveredByStorageExpiry,
 }
 
@@ -103,7 +107,13 @@ impl DefunctCleanup {
             return Ok(Err(CleanupNotStarted::Disabled));
         };
         let identity = table.identity();
+        let force = options.force_defunct_cleanup;
         let Some(registration) = Registration::take(identity.clone()) else {
+            if table.storage_expiry().covers_defunct_cleanup && !force {
+                // Storage covers it, and the task already running in this process watches
+                // whether that changes: nothing for a second one to do.
+                return Ok(Err(CleanupNotStarted::CoveredByStorageExpiry));
+            }
             return Err(MembershipError::config(
                 "defunct_silo_cleanup_period",
                 format!(
@@ -112,14 +122,21 @@ impl DefunctCleanup {
             ));
         };
         let expiration = options.defunct_silo_expiration;
-        let force = options.force_defunct_cleanup;
+        let initially_covered = table.storage_expiry().covers_defunct_cleanup && !force;
+        let task_table = Arc::clone(&table);
+        if initially_covered {
+            info!(
+                cluster = table.cluster_id(),
+                "storage-side expiry removes defunct entries; periodic cleanup idle (re-checked every period)"
+            );
+        }
         let (stop, mut stop_rx) = watch::channel(false);
         let (removed_tx, removed) = watch::channel(0u64);
         let task = tokio::spawn(async move {
             let _registration = registration;
             let mut delay = schedule.first_delay(rand::random::<f64>());
             let mut total = 0u64;
-            let mut was_covered = false;
+            let mut was_covered = initially_covered;
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
@@ -163,10 +180,18 @@ impl DefunctCleanup {
             }
         });
         Ok(Ok(DefunctCleanup {
+            table: task_table,
+            force,
             stop,
             task,
             removed,
         }))
+    }
+
+    /// False while storage-side expiry covers the cleanup (asked now) and it is not forced: the
+    /// task is idle.
+    pub fn is_active(&self) -> bool {
+        self.force || !self.table.storage_expiry().covers_defunct_cleanup
     }
 
     /// Total entries removed so far, updated after each run.
