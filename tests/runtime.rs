@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use cassandra_membership::runtime::{CleanupNotStarted, DefunctCleanup, protocol};
+use cassandra_membership::runtime::{DefunctCleanup, protocol};
 use cassandra_membership::{
     Clock, ETag, HeartbeatOutcome, InMemoryMembershipTable, MembershipEntry, MembershipError,
     MembershipOptions, MembershipSnapshot, MembershipTable, Result, SiloAddress, SiloHealth,
@@ -387,21 +387,102 @@ async fn defunct_cleanup_runs_once_per_period_and_only_once_per_process() {
     again.stop().await;
 }
 
+/// A table whose storage covers the defunct cleanup until told otherwise (like the Cassandra
+/// table, whose renewal finds rows without TTL), counting cleanups.
+#[derive(Debug)]
+struct CoverFlips {
+    inner: InMemoryMembershipTable,
+    covered: AtomicBool,
+    cleanups: AtomicU64,
+}
+
+#[async_trait]
+impl MembershipTable for CoverFlips {
+    fn cluster_id(&self) -> &str {
+        self.inner.cluster_id()
+    }
+    fn storage_expiry(&self) -> cassandra_membership::StorageExpiry {
+        let mut e = self.inner.storage_expiry();
+        e.covers_defunct_cleanup = self.covered.load(Ordering::SeqCst);
+        e
+    }
+    async fn initialize(&self, v: bool) -> Result<()> {
+        self.inner.initialize(v).await
+    }
+    async fn read_all(&self) -> Result<MembershipSnapshot> {
+        self.inner.read_all().await
+    }
+    async fn read_row(&self, a: &SiloAddress) -> Result<MembershipSnapshot> {
+        self.inner.read_row(a).await
+    }
+    async fn insert_row(&self, e: &MembershipEntry, v: &TableVersion) -> Result<bool> {
+        self.inner.insert_row(e, v).await
+    }
+    async fn update_row(&self, e: &MembershipEntry, t: &ETag, v: &TableVersion) -> Result<bool> {
+        self.inner.update_row(e, t, v).await
+    }
+    async fn update_i_am_alive(&self, a: &SiloAddress, t: Timestamp) -> Result<HeartbeatOutcome> {
+        self.inner.update_i_am_alive(a, t).await
+    }
+    async fn cleanup_defunct(&self, b: Timestamp) -> Result<usize> {
+        self.cleanups.fetch_add(1, Ordering::SeqCst);
+        self.inner.cleanup_defunct(b).await
+    }
+    async fn delete_cluster(&self, c: &str) -> Result<()> {
+        self.inner.delete_cluster(c).await
+    }
+}
+
+/// The cleanup task re-reads `storage_expiry()` every period: it sleeps while storage covers
+/// the cleanup, and cleans once it no longer does (review of issue 10, finding 3: the flag was
+/// read once, at start, and a table that stopped being covered was never cleaned).
 #[tokio::test(start_paused = true)]
-async fn cleanup_stays_off_when_storage_expiry_covers_it_unless_forced() {
+async fn cleanup_sleeps_while_storage_expiry_covers_it_and_runs_once_it_does_not() {
     let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
-    let table =
-        Arc::new(InMemoryMembershipTable::new("expiring").with_expiry(Duration::from_secs(3600)));
+    let table = Arc::new(CoverFlips {
+        inner: InMemoryMembershipTable::new("expiring").with_expiry(Duration::from_secs(3600)),
+        covered: AtomicBool::new(true),
+        cleanups: AtomicU64::new(0),
+    });
     let o = MembershipOptions::default();
-    let r = DefunctCleanup::spawn(table.clone(), &o, clock.clone()).unwrap();
-    assert_eq!(r.unwrap_err(), CleanupNotStarted::CoveredByStorageExpiry);
+    let hour = Duration::from_secs(3600);
+    let cleanup = DefunctCleanup::spawn(table.clone(), &o, clock.clone())
+        .unwrap()
+        .expect("the task starts, and watches whether storage still covers the cleanup");
+    tokio::time::sleep(3 * hour).await;
+    assert_eq!(
+        table.cleanups.load(Ordering::SeqCst),
+        0,
+        "covered: no cleanup"
+    );
+    table.covered.store(false, Ordering::SeqCst);
+    tokio::time::sleep(2 * hour + o.defunct_silo_cleanup_jitter).await;
+    let ran = table.cleanups.load(Ordering::SeqCst);
+    assert!(ran >= 1, "no longer covered: the cleanup runs");
+    assert!(cleanup.is_active());
+    table.covered.store(true, Ordering::SeqCst);
+    tokio::time::sleep(2 * hour).await;
+    let settled = table.cleanups.load(Ordering::SeqCst);
+    assert!(
+        settled <= ran + 1,
+        "at most a run already due when covered again"
+    );
+    tokio::time::sleep(3 * hour).await;
+    assert_eq!(
+        table.cleanups.load(Ordering::SeqCst),
+        settled,
+        "covered again: none"
+    );
+    cleanup.stop().await;
+    // Forced, it cleans even while covered.
     let mut forced = o;
     forced.force_defunct_cleanup = true;
-    DefunctCleanup::spawn(table, &forced, clock)
+    let cleanup = DefunctCleanup::spawn(table.clone(), &forced, clock)
         .unwrap()
-        .unwrap()
-        .stop()
-        .await;
+        .unwrap();
+    tokio::time::sleep(2 * hour).await;
+    assert!(table.cleanups.load(Ordering::SeqCst) > settled);
+    cleanup.stop().await;
 }
 
 #[tokio::test(start_paused = true)]

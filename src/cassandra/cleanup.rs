@@ -33,15 +33,30 @@ struct RawKeys {
 }
 
 impl CassandraMembershipTable {
-    /// The heartbeat elements with their write times and TTLs.
+    /// The heartbeat elements with their write times and TTLs. Where the server refuses to read
+    /// them (ScyllaDB), each element's write time is taken to be its own I-am-alive time — the
+    /// timestamp every heartbeat of the provider is written with — and its TTL is unknown.
     pub(super) async fn read_heartbeat_cells(
         &self,
         pk: Pk<'_>,
         operation: &'static str,
     ) -> Result<Vec<HeartbeatCell>> {
         let st = self.statements().await?;
+        let Some(read_heartbeats) = &st.read_heartbeats else {
+            let result = self
+                .exec_read(operation, &st.read_heartbeat_values, pk, false)
+                .await?;
+            let rows = result
+                .into_rows_result()
+                .map_err(|e| MembershipError::corrupt(None, format!("heartbeat read: {e}")))?;
+            let row: Option<(Option<std::collections::BTreeMap<String, StoredHeartbeat>>,)> =
+                rows.maybe_first_row().map_err(|e| self.shape_error(e))?;
+            return Ok(HeartbeatCell::without_write_times(
+                row.and_then(|(m,)| m).unwrap_or_default(),
+            ));
+        };
         let result = self
-            .exec_read(operation, &st.read_heartbeats, pk, false)
+            .exec_read(operation, read_heartbeats, pk, false)
             .await?;
         let rows = result
             .into_rows_result()

@@ -7,14 +7,18 @@
 //! - a row is given a TTL only when no running silo can own it any more (Dead, or silent for
 //!   longer than the TTL); a row without TTL that may be live stays without TTL — its silo may
 //!   run with expiry off and would never renew it. A membership write with expiry on keeps a row
-//!   (and the version) without TTL if it has none (`read_ttls.cql`);
+//!   (and the version) without TTL if it has none, and never shortens a TTL (`read_ttls.cql`);
+//!   a silo with expiry off takes back a TTL someone gave its own row or the version;
 //! - the version carries no TTL while any row of the partition has none (or a longer one than
-//!   this configuration renews): the version must outlive every entry.
+//!   this configuration renews), and otherwise at least the longest row TTL: the version must
+//!   outlive every entry.
 //!
 //! Other clusters' rows are never read for the verdict and never written.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::{Duration, Instant};
 
 use scylla::DeserializeRow;
 use scylla::response::{PagingState, PagingStateResponse};
@@ -102,14 +106,19 @@ impl TtlAudit {
     }
 }
 
-/// What a table value knows of its partition's expiry, from its last audit.
+/// What a table value knows of its partition's expiry, from its last audit or scan.
 #[derive(Debug, Default)]
 pub(super) struct ExpiryState {
     /// Some row has no TTL (or a longer one than this configuration renews): the version must
     /// carry none.
     unbounded_rows: AtomicBool,
+    /// The longest TTL (seconds) a row read at the last scan: the version must outlive it.
+    longest_row_ttl: AtomicI64,
     /// The last audit at `initialize` found nothing that storage would never remove.
     covered: AtomicBool,
+    /// When this table value last scanned its partition (whatever the outcome): renewals scan
+    /// at most once per renewal interval per table value, not once per silo.
+    scanned_at: Mutex<Option<Instant>>,
 }
 
 /// One row of `audit_partition.cql`.
@@ -136,6 +145,8 @@ struct PartitionPlan {
     leftovers: bool,
     /// Silos whose rows stay as they are because their silo may be live.
     live_kept: HashSet<String>,
+    /// The longest TTL among rows that stay: the version must outlive it.
+    longest_stay: i64,
 }
 
 /// Seconds left to something last alive at `last` had every write carried `write_ttl` seconds;
@@ -145,6 +156,17 @@ pub(super) fn remaining_seconds(last: Timestamp, now: Timestamp, write_ttl: u64)
         .as_millis()
         .saturating_add((write_ttl as i64).saturating_mul(1000));
     expires.saturating_sub(now.as_millis()).div_euclid(1000)
+}
+
+/// The TTL a write gives something that carries `current` now, when this configuration writes
+/// `w`: never shorter than what it has (another silo may rely on a longer TTL, e.g. during a
+/// rolling change of DefunctSiloExpiration), and none stays none (a silo with expiry off never
+/// renews it).
+pub(super) fn keep_longer(current: Option<i32>, w: i32) -> i32 {
+    match current {
+        None => 0,
+        Some(t) => t.max(w).clamp(1, MAX_TTL_SECONDS as i32),
+    }
 }
 
 /// A TTL Cassandra accepts: between 1 s and `max` (itself at most 630,720,000 s).
@@ -168,13 +190,32 @@ impl CassandraMembershipTable {
         }
     }
 
-    /// The TTL the version is written with: none while rows without TTL (or with a longer one)
-    /// may outlive it.
+    /// The TTL the version is written with when nothing is known of its current one: none
+    /// while rows without TTL (or with a longer one) may outlive it, else at least the longest
+    /// row TTL seen.
     pub(super) fn version_ttl(&self) -> i32 {
         if self.expiry_state.unbounded_rows.load(Ordering::Relaxed) {
             0
         } else {
             self.write_ttl()
+                .max(self.longest_row_ttl())
+                .min(MAX_TTL_SECONDS as i32)
+        }
+    }
+
+    fn longest_row_ttl(&self) -> i32 {
+        let t = self.expiry_state.longest_row_ttl.load(Ordering::Relaxed);
+        t.clamp(0, MAX_TTL_SECONDS as i64) as i32
+    }
+
+    /// The version's TTL for a write that gives a row `row_ttl` and finds the version with
+    /// `current`: never shorter than the version has or than any row, none while any row has
+    /// none.
+    fn version_ttl_over(&self, current: Option<i32>, row_ttl: i32) -> i32 {
+        let floor = self.version_ttl();
+        match current {
+            Some(v) if row_ttl > 0 && floor > 0 => v.max(row_ttl).max(floor),
+            _ => 0,
         }
     }
 
@@ -236,48 +277,96 @@ impl CassandraMembershipTable {
         }
     }
 
-    /// Lease renewal with expiry on: learns whether rows without TTL (silos running with expiry
-    /// off) share the partition, which decides the version's TTL.
-    pub(super) async fn refresh_expiry_state(&self) -> Result<()> {
+    /// Scans the partition's TTLs and records what a renewal needs: whether rows without TTL
+    /// (or with a longer one) share it, and the longest row TTL. Returns the scan.
+    async fn refresh_expiry_state(&self) -> Result<Vec<ScanRow>> {
         let scan = self.scan_partition(self.pk()).await?;
-        let unbounded = scan
-            .iter()
-            .any(|r| r.silo.is_some() && r.etag.is_some() && !self.bounded(r.etag_ttl));
-        self.expiry_state
-            .unbounded_rows
-            .store(unbounded, Ordering::Relaxed);
-        if unbounded {
-            self.expiry_state.covered.store(false, Ordering::Relaxed);
+        let rows = scan.iter().filter(|r| r.silo.is_some() && r.etag.is_some());
+        let (mut unbounded, mut longest) = (false, 0i64);
+        for r in rows {
+            if self.bounded(r.etag_ttl) {
+                longest = longest.max(i64::from(r.etag_ttl.unwrap_or(0)));
+            } else {
+                unbounded = true;
+            }
         }
-        Ok(())
+        let state = &self.expiry_state;
+        state.unbounded_rows.store(unbounded, Ordering::Relaxed);
+        state.longest_row_ttl.store(longest, Ordering::Relaxed);
+        if unbounded {
+            state.covered.store(false, Ordering::Relaxed);
+        }
+        Ok(scan)
     }
 
-    /// The TTLs a membership write gives the row and the version. With expiry on, a row or
-    /// version that has no TTL keeps none: it was written by a silo with expiry off (maybe an
-    /// older binary), which never renews it.
-    pub(super) async fn ttls_for_write(&self, silo: &str, insert: bool) -> Result<(i32, i32)> {
-        if self.opts().ttl_seconds().is_none() {
-            return Ok((0, 0));
-        }
+    /// The TTLs a renewal (with expiry on) gives the silo's own row and the version.
+    ///
+    /// The partition is scanned at most once per renewal interval per table value; in between,
+    /// one plain read of the row's and version's TTLs. A version without TTL gets one only from
+    /// a fresh scan that finds every row with a TTL. A scan or read that fails never stops the
+    /// renewal: the version then keeps no TTL (the safe side) and the next interval scans again.
+    pub(super) async fn renewal_ttls(&self, silo: &str) -> (i32, i32) {
+        let w = self.write_ttl();
+        let renewal = Duration::from_secs(self.opts().renewal_seconds());
+        let due = {
+            let mut at = self
+                .expiry_state
+                .scanned_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let due = at.is_none_or(|t| t.elapsed() >= renewal);
+            if due {
+                *at = Some(Instant::now());
+            }
+            due
+        };
+        let (row, version) = if due {
+            match self.refresh_expiry_state().await {
+                Ok(scan) => {
+                    let version = scan
+                        .iter()
+                        .find(|r| r.version_etag.is_some())
+                        .and_then(|r| r.version_ttl);
+                    let row = scan
+                        .iter()
+                        .find(|r| r.silo.as_deref() == Some(silo))
+                        .and_then(|r| r.etag_ttl);
+                    // A fresh scan: a version without TTL may get one if every row has one.
+                    let row_ttl = row.map_or(w, |t| t.max(w));
+                    let version = version.or(Some(0));
+                    return (row_ttl, self.version_ttl_over(version, row_ttl));
+                }
+                Err(e) => {
+                    warn!(cluster = %self.cluster_id, error = %e, "cannot scan the partition's TTLs; renewing with the version kept without TTL");
+                    self.expiry_state
+                        .unbounded_rows
+                        .store(true, Ordering::Relaxed);
+                    self.expiry_state.covered.store(false, Ordering::Relaxed);
+                    return (w, 0);
+                }
+            }
+        } else {
+            match self.read_row_ttls("update_i_am_alive", silo).await {
+                Ok(Some(ttls)) => ttls,
+                Ok(None) | Err(_) => return (w, 0),
+            }
+        };
+        // Its own row: this silo renews it, so a row without TTL gets one.
+        let row_ttl = row.map_or(w, |t| t.max(w));
+        (row_ttl, self.version_ttl_over(version, row_ttl))
+    }
+
+    /// `read_ttls.cql`: the TTLs a row and the version carry now (`None`: no row, or an answer
+    /// of an unexpected shape).
+    pub(super) async fn read_row_ttls(
+        &self,
+        operation: &'static str,
+        silo: &str,
+    ) -> Result<Option<(Option<i32>, Option<i32>)>> {
         let st = self.statements().await?;
-        let (w, v) = (self.write_ttl(), self.version_ttl());
-        if insert {
-            let r = self
-                .exec_read("insert_row", &st.read_version_ttl, self.pk(), false)
-                .await?;
-            let row: Option<(Option<Uuid>, Option<i32>)> = r
-                .into_rows_result()
-                .ok()
-                .and_then(|r| r.maybe_first_row().ok().flatten());
-            let version = match row {
-                Some((Some(_), None)) => 0,
-                _ => v,
-            };
-            return Ok((w, version));
-        }
         let r = self
             .exec_read(
-                "update_row",
+                operation,
                 &st.read_ttls,
                 SiloKey {
                     silo,
@@ -287,16 +376,41 @@ impl CassandraMembershipTable {
                 false,
             )
             .await?;
-        let row: Option<(Option<i32>, Option<i32>)> = r
-            .into_rows_result()
+        Ok(r.into_rows_result()
             .ok()
-            .and_then(|r| r.maybe_first_row().ok().flatten());
-        Ok(match row {
-            Some((row_ttl, version_ttl)) => (
-                if row_ttl.is_none() { 0 } else { w },
-                if version_ttl.is_none() { 0 } else { v },
-            ),
-            None => (w, v),
+            .and_then(|r| r.maybe_first_row().ok().flatten()))
+    }
+
+    /// The TTLs a membership write gives the row and the version. With expiry on, a write never
+    /// shortens a TTL ([`keep_longer`]) and keeps none where there is none: a row or version
+    /// without TTL was written by a silo with expiry off (maybe an older binary), which never
+    /// renews it. Whatever cannot be read as expected gets no TTL (the safe side).
+    pub(super) async fn ttls_for_write(&self, silo: &str, insert: bool) -> Result<(i32, i32)> {
+        if self.opts().ttl_seconds().is_none() {
+            return Ok((0, 0));
+        }
+        let st = self.statements().await?;
+        let w = self.write_ttl();
+        if insert {
+            let r = self
+                .exec_read("insert_row", &st.read_version_ttl, self.pk(), false)
+                .await?;
+            let row: Option<(Option<Uuid>, Option<i32>)> = r
+                .into_rows_result()
+                .ok()
+                .and_then(|r| r.maybe_first_row().ok().flatten());
+            let version = match row {
+                Some((Some(_), current)) => self.version_ttl_over(current, w),
+                _ => 0,
+            };
+            return Ok((w, version));
+        }
+        Ok(match self.read_row_ttls("update_row", silo).await? {
+            Some((row_ttl, version_ttl)) => {
+                let row = keep_longer(row_ttl, w);
+                (row, self.version_ttl_over(version_ttl, row))
+            }
+            None => (0, 0),
         })
     }
 
@@ -337,7 +451,11 @@ impl CassandraMembershipTable {
                 if empty.contains(silo) || row.etag.is_none() {
                     // Only a marker (or null cells) left: no entry; defunct cleanup removes it.
                     leftovers = true;
-                } else if ttl_on != row.etag_ttl.is_some() || !self.bounded(row.etag_ttl) {
+                } else if ttl_on != row.etag_ttl.is_some()
+                    || (ttl_on && !self.bounded(row.etag_ttl))
+                {
+                    // (With expiry off a row without TTL agrees; `bounded` is about TTLs this
+                    // configuration writes. It may also be a row inserted between the two reads.)
                     if row.etag_ttl.is_none() {
                         leftovers = true;
                     }
@@ -424,6 +542,7 @@ impl CassandraMembershipTable {
             unbounded,
             leftovers,
             live_kept,
+            longest_stay: latest_stay,
         })
     }
 
@@ -464,6 +583,9 @@ impl CassandraMembershipTable {
                 self.expiry_state
                     .unbounded_rows
                     .store(plan.unbounded, Ordering::Relaxed);
+                self.expiry_state
+                    .longest_row_ttl
+                    .store(plan.longest_stay, Ordering::Relaxed);
                 self.expiry_state
                     .covered
                     .store(!plan.leftovers && !open, Ordering::Relaxed);
@@ -694,6 +816,25 @@ pub(super) struct HeartbeatCell {
     pub(super) ttl: Option<i32>,
 }
 
+impl HeartbeatCell {
+    /// Elements read without their write times (`read_heartbeat_values.cql`): each is taken to
+    /// be written at its own I-am-alive time (µs), as the provider writes every heartbeat; an
+    /// element without one cannot be dated and is left alone. TTLs are unknown.
+    pub(super) fn without_write_times(
+        elements: BTreeMap<String, super::rows::StoredHeartbeat>,
+    ) -> Vec<HeartbeatCell> {
+        elements
+            .into_iter()
+            .map(|(key, value)| HeartbeatCell {
+                key,
+                written: value.1.map(|t| t.0.saturating_mul(1000)),
+                value: Some(value),
+                ttl: None,
+            })
+            .collect()
+    }
+}
+
 /// `read_heartbeats.cql`: the map and its per-element write times and TTLs, in key order.
 #[derive(DeserializeRow)]
 pub(super) struct HeartbeatCellsRow {
@@ -737,6 +878,25 @@ mod tests {
         assert!(remaining_seconds(Timestamp::from_millis(i64::MIN), now, 6) < 0);
         assert_eq!(clamp_ttl(i64::MAX, 6), 6);
         assert_eq!(clamp_ttl(4_102_444_800, 900_000_000), 630_720_000);
+    }
+
+    #[test]
+    fn without_write_times_an_element_is_dated_by_its_own_i_am_alive_time() {
+        use scylla::value::CqlTimestamp;
+        let cells = HeartbeatCell::without_write_times(BTreeMap::from([
+            (
+                "a".to_owned(),
+                (Some(CqlTimestamp(1)), Some(CqlTimestamp(5_000))),
+            ),
+            ("b".to_owned(), (Some(CqlTimestamp(1)), None)),
+            ("c".to_owned(), (None, Some(CqlTimestamp(i64::MIN)))),
+        ]));
+        let written: Vec<_> = cells.iter().map(|c| (c.key.as_str(), c.written)).collect();
+        assert_eq!(
+            written,
+            [("a", Some(5_000_000)), ("b", None), ("c", Some(i64::MIN))]
+        );
+        assert!(cells.iter().all(|c| c.ttl.is_none()));
     }
 
     #[test]

@@ -103,22 +103,39 @@ impl CassandraMembershipTable {
     }
 
     /// Renews the TTL of an entry and of the version by rewriting them unchanged, conditionally
-    /// on both being unchanged. Returns the entry as read, or `None` if it is gone.
+    /// on both being unchanged. With expiry off, takes back a TTL someone else gave them
+    /// instead. Returns the entry as read, or `None` if it is gone.
     async fn renew(&self, address: &SiloAddress) -> Result<Option<MembershipEntry>> {
         let st = self.statements().await?;
         let key = address.to_string();
+        let ttl_on = self.opts().ttl_seconds().is_some();
         for _ in 0..MAX_ATTEMPTS {
             // A plain read is enough: the conditional write below re-checks both tags.
             let Some((stored, version, _)) = self.read_one(address, false).await? else {
                 return Ok(None);
             };
-            if self.opts().ttl_seconds().is_none() {
-                return Ok(Some(stored.entry));
-            }
-            // Rows without TTL (silos with expiry off) decide the version's TTL.
-            self.refresh_expiry_state().await?;
             let version_etag = parse_etag(&version.etag).flatten();
-            let Some(version_etag_value) = version_etag else {
+            let (row_ttl, version_ttl, new_version_etag) = if ttl_on {
+                let (row, version) = self.renewal_ttls(&key).await;
+                (row, version, version_etag)
+            } else {
+                // Expiry off: this silo never renews a TTL, so its row and the version must
+                // carry none. A silo with expiry on of a previous release gives the rows it
+                // votes on, and the version, its TTL: take it back, rewriting them unchanged
+                // without TTL. The version moves to a fresh tag (same number, same entries, as
+                // a fence does) so that a concurrent renewal that decided on the old TTLs
+                // cannot apply after this.
+                match self.read_row_ttls("update_i_am_alive", &key).await? {
+                    Some((None, None)) | None => return Ok(Some(stored.entry)),
+                    Some(_) => {
+                        warn!(silo = %address, "the entry or the version carries a TTL although this silo runs with expiry off (a silo with expiry on of an older release?); removing it");
+                        (0, 0, Some(uuid::Uuid::new_v4()))
+                    }
+                }
+            };
+            let (Some(version_etag_value), Some(new_version_etag)) =
+                (version_etag, new_version_etag)
+            else {
                 return Err(MembershipError::corrupt(
                     None,
                     "an entry exists but the table version does not; re-initialize the cluster",
@@ -126,10 +143,22 @@ impl CassandraMembershipTable {
             };
             let values = (
                 UpdateEntryValues {
-                    entry: self.entry_values(&stored.entry, &key, stored.etag),
+                    entry: self.entry_values_in(
+                        self.pk(),
+                        &stored.entry,
+                        &key,
+                        stored.etag,
+                        row_ttl,
+                    ),
                     expected_etag: Some(stored.etag),
                 },
-                self.version_values(version.version as i64, version_etag_value, version_etag),
+                self.version_values_in(
+                    self.pk(),
+                    version.version as i64,
+                    new_version_etag,
+                    Some(version_etag_value),
+                    version_ttl,
+                ),
             );
             match self.exec_conditional_batch(&st.update_batch, values).await {
                 Ok(r) => {

@@ -29,6 +29,7 @@ const REWRITE_ENTRY: &str = include_str!("../../cql/rewrite_entry.cql");
 const AUDIT_PARTITION: &str = include_str!("../../cql/audit_partition.cql");
 const READ_KEYS: &str = include_str!("../../cql/read_keys.cql");
 const READ_HEARTBEATS: &str = include_str!("../../cql/read_heartbeats.cql");
+const READ_HEARTBEAT_VALUES: &str = include_str!("../../cql/read_heartbeat_values.cql");
 const READ_TTLS: &str = include_str!("../../cql/read_ttls.cql");
 const READ_VERSION_TTL: &str = include_str!("../../cql/read_version_ttl.cql");
 
@@ -115,8 +116,11 @@ pub(crate) struct Statements {
     pub(crate) audit_partition: PreparedStatement,
     /// Every stored row key and the raw version tag (serial): `delete_cluster`.
     pub(crate) read_keys: PreparedStatement,
-    /// Heartbeat elements with their write times and TTLs (commit level).
-    pub(crate) read_heartbeats: PreparedStatement,
+    /// Heartbeat elements with their write times and TTLs (commit level); `None` where the
+    /// server refuses `WRITETIME()`/`TTL()` on a non-frozen map (ScyllaDB).
+    pub(crate) read_heartbeats: Option<PreparedStatement>,
+    /// Heartbeat elements alone (commit level): the fallback for `read_heartbeats`.
+    pub(crate) read_heartbeat_values: PreparedStatement,
     /// A row's and the version's current TTL (commit level), before a write with expiry on.
     pub(crate) read_ttls: PreparedStatement,
     /// The version's current TTL (commit level), before an insert with expiry on.
@@ -190,7 +194,17 @@ impl Statements {
             ),
             audit_partition: idempotent(prep(AUDIT_PARTITION, commit).await?),
             read_keys: idempotent(prep(READ_KEYS, serial_read).await?),
-            read_heartbeats: idempotent(prep(READ_HEARTBEATS, commit).await?),
+            // Prepared on its own terms: a server that refuses it (ScyllaDB) must not make every
+            // other operation fail.
+            read_heartbeats: match prep(READ_HEARTBEATS, commit).await {
+                Ok(p) => Some(idempotent(p)),
+                Err(PrepareFailure::Refused(e)) => {
+                    tracing::warn!(error = %e, "the server refuses WRITETIME()/TTL() on the heartbeat map (ScyllaDB?); heartbeat elements are deleted at their own I-am-alive time");
+                    None
+                }
+                Err(e) => return Err(e),
+            },
+            read_heartbeat_values: idempotent(prep(READ_HEARTBEAT_VALUES, commit).await?),
             read_ttls: idempotent(prep(READ_TTLS, commit).await?),
             read_version_ttl: idempotent(prep(READ_VERSION_TTL, commit).await?),
             profile,

@@ -189,15 +189,6 @@ impl CassandraMembershipTable {
         }
     }
 
-    pub(super) fn entry_values<'a>(
-        &'a self,
-        entry: &'a MembershipEntry,
-        silo: &'a str,
-        new_etag: Uuid,
-    ) -> EntryValues<'a> {
-        self.entry_values_in(self.pk(), entry, silo, new_etag, self.write_ttl())
-    }
-
     pub(super) fn version_values_in<'a>(
         &self,
         pk: Pk<'a>,
@@ -214,15 +205,6 @@ impl CassandraMembershipTable {
             cluster_id: pk.cluster_id,
             expected_version_etag: expected,
         }
-    }
-
-    pub(super) fn version_values(
-        &self,
-        version: i64,
-        new_etag: Uuid,
-        expected: Option<Uuid>,
-    ) -> WriteVersionValues<'_> {
-        self.version_values_in(self.pk(), version, new_etag, expected, self.version_ttl())
     }
 
     /// `insert_row` / `update_row`: writes the whole entry and the next version in one
@@ -374,9 +356,17 @@ impl CassandraMembershipTable {
             source: err,
         };
         let st = self.statements().await?;
-        // The fence keeps the version number: readers see the same version and entries.
+        // The fence keeps the version number: readers see the same version and entries. It
+        // writes the version without TTL: it does not know the TTL the version carries, and must
+        // never shorten it (a renewal's scan gives it its TTL back).
         let fence_etag = Uuid::new_v4();
-        let values = self.version_values(current_version, fence_etag, w.expected_version);
+        let values = self.version_values_in(
+            self.pk(),
+            current_version,
+            fence_etag,
+            w.expected_version,
+            0,
+        );
         match self.exec_cas(&st.write_version, values).await {
             // `[applied] = false` showing the fence's own fresh tag: Paxos completed the fence's
             // pre-empted proposal before checking it again (see `CasReply::took_effect`).

@@ -1,6 +1,6 @@
 //! The periodic defunct-silo cleanup, as Orleans runs it: first at a random point of the first
-//! period, then every period plus jitter; at most one per table identity per process; off when storage
-//! expiry already covers it (unless forced).
+//! period, then every period plus jitter; at most one per table identity per process; idle while storage
+//! expiry covers it (unless forced), re-checked every period.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -74,6 +74,9 @@ impl Drop for Registration {
 /// A running cleanup task.
 #[derive(Debug)]
 pub struct DefunctCleanup {
+    /// The table, asked whether storage covers the cleanup.
+    table: Arc<dyn MembershipTable>,
+    force: bool,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
     removed: watch::Receiver<u64>,
@@ -84,13 +87,18 @@ pub struct DefunctCleanup {
 pub enum CleanupNotStarted {
     /// `defunct_silo_cleanup_period` is `None`.
     Disabled,
-    /// Storage-side expiry removes defunct entries already (`force_defunct_cleanup` overrides).
+    /// Storage-side expiry removes defunct entries already (`force_defunct_cleanup` overrides),
+    /// and this process already runs a cleanup task for the table, which re-checks that every
+    /// period. (The first task always starts: whether storage covers the cleanup can change
+    /// while the silo runs, README "Expiry".)
     CoveredByStorageExpiry,
 }
 
 impl DefunctCleanup {
     /// Starts the cleanup for `table`'s cluster, or says why it is not needed. Errors when this
-    /// process already runs one for the same table ([`MembershipTable::identity`]).
+    /// process already runs one for the same table ([`MembershipTable::identity`]). Each period
+    /// the task asks [`MembershipTable::storage_expiry`] again and skips the run while storage
+    /// covers the cleanup (unless `force_defunct_cleanup`).
     pub fn spawn(
         table: Arc<dyn MembershipTable>,
         options: &MembershipOptions,
@@ -99,15 +107,14 @@ impl DefunctCleanup {
         let Some(schedule) = CleanupSchedule::new(options) else {
             return Ok(Err(CleanupNotStarted::Disabled));
         };
-        if table.storage_expiry().covers_defunct_cleanup && !options.force_defunct_cleanup {
-            info!(
-                cluster = table.cluster_id(),
-                "storage-side expiry removes defunct entries; periodic cleanup off"
-            );
-            return Ok(Err(CleanupNotStarted::CoveredByStorageExpiry));
-        }
         let identity = table.identity();
+        let force = options.force_defunct_cleanup;
         let Some(registration) = Registration::take(identity.clone()) else {
+            if table.storage_expiry().covers_defunct_cleanup && !force {
+                // Storage covers it, and the task already running in this process watches
+                // whether that changes: nothing for a second one to do.
+                return Ok(Err(CleanupNotStarted::CoveredByStorageExpiry));
+            }
             return Err(MembershipError::config(
                 "defunct_silo_cleanup_period",
                 format!(
@@ -117,16 +124,41 @@ impl DefunctCleanup {
         };
         let expiration = options.defunct_silo_expiration;
         let call_timeout = options.effective_table_operation_timeout();
+        let initially_covered = table.storage_expiry().covers_defunct_cleanup && !force;
+        let task_table = Arc::clone(&table);
+        if initially_covered {
+            info!(
+                cluster = table.cluster_id(),
+                "storage-side expiry removes defunct entries; periodic cleanup idle (re-checked every period)"
+            );
+        }
         let (stop, mut stop_rx) = watch::channel(false);
         let (removed_tx, removed) = watch::channel(0u64);
         let task = tokio::spawn(async move {
             let _registration = registration;
             let mut delay = schedule.first_delay(rand::random::<f64>());
             let mut total = 0u64;
+            let mut was_covered = initially_covered;
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = stop_rx.changed() => return,
+                }
+                // Read every period: a table can stop being covered while the silo runs (a
+                // renewal finds rows without TTL), and must then be cleaned.
+                let covered = table.storage_expiry().covers_defunct_cleanup && !force;
+                if covered != was_covered {
+                    info!(
+                        cluster = table.cluster_id(),
+                        covered,
+                        "storage-side expiry covers the defunct cleanup: {covered}; periodic cleanup {}",
+                        if covered { "idle" } else { "runs" }
+                    );
+                    was_covered = covered;
+                }
+                if covered {
+                    delay = schedule.next_delay(rand::random::<f64>());
+                    continue;
                 }
                 let before = clock.now().saturating_sub(expiration);
                 // Bounded like every runtime call, and abandoned on stop: a hung cleanup must
@@ -162,10 +194,18 @@ impl DefunctCleanup {
             }
         });
         Ok(Ok(DefunctCleanup {
+            table: task_table,
+            force,
             stop,
             task,
             removed,
         }))
+    }
+
+    /// False while storage-side expiry covers the cleanup (asked now) and it is not forced: the
+    /// task is idle.
+    pub fn is_active(&self) -> bool {
+        self.force || !self.table.storage_expiry().covers_defunct_cleanup
     }
 
     /// Total entries removed so far, updated after each run.

@@ -278,9 +278,10 @@ impl Silo {
         self.heartbeat.health()
     }
 
-    /// True when this process runs the periodic defunct cleanup for the cluster.
+    /// True when this process runs the periodic defunct cleanup for the cluster (and storage
+    /// does not cover it, as of the cleanup's last period).
     pub fn runs_defunct_cleanup(&self) -> bool {
-        self.cleanup.is_some()
+        self.cleanup.as_ref().is_some_and(DefunctCleanup::is_active)
     }
 
     /// The stored status of this silo's entry (`None` when it has none).

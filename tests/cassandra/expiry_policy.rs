@@ -15,15 +15,15 @@ use scylla::value::CqlTimestamp;
 
 use crate::utils::{KEYSPACE, count_rows, options, session_with_keyspace, table_on, unique};
 
-const TTL: u64 = 4;
+pub(crate) const TTL: u64 = 4;
 /// Every write with TTL 4 s carries 4 + 1 (renewal) + 1 s.
-const WRITE_TTL: i32 = 6;
+pub(crate) const WRITE_TTL: i32 = 6;
 
-fn table_name() -> String {
+pub(crate) fn table_name() -> String {
     unique("pol").replace('-', "_")[..24].to_owned()
 }
 
-fn ttl_on(o: CassandraClusteringOptions) -> CassandraClusteringOptions {
+pub(crate) fn ttl_on(o: CassandraClusteringOptions) -> CassandraClusteringOptions {
     let mut m = MembershipOptions::default();
     m.defunct_silo_expiration = Duration::from_secs(TTL);
     m.i_am_alive_table_publish_timeout = Duration::from_millis(500);
@@ -31,11 +31,11 @@ fn ttl_on(o: CassandraClusteringOptions) -> CassandraClusteringOptions {
 }
 
 /// Options for `service`/`cluster` in `table`.
-fn opts(table: &str, service: &str, cluster: &str) -> CassandraClusteringOptions {
+pub(crate) fn opts(table: &str, service: &str, cluster: &str) -> CassandraClusteringOptions {
     options(cluster).table(table).service_id(service)
 }
 
-async fn insert(t: &dyn MembershipTable, e: &MembershipEntry) {
+pub(crate) async fn insert(t: &dyn MembershipTable, e: &MembershipEntry) {
     for _ in 0..20 {
         let v = t.read_all().await.unwrap().version;
         if t.insert_row(e, &v.next()).await.unwrap() {
@@ -46,7 +46,7 @@ async fn insert(t: &dyn MembershipTable, e: &MembershipEntry) {
 }
 
 /// (silo, TTL(etag)) of every row of a partition, and TTL(version_etag).
-async fn ttls(
+pub(crate) async fn ttls(
     s: &Session,
     table: &str,
     service: &str,
@@ -106,7 +106,7 @@ async fn raw_partition(s: &Session, table: &str, service: &str, cluster: &str) -
 
 /// Writes a complete entry row by hand, as another program or an older binary would.
 #[allow(clippy::too_many_arguments)]
-async fn plant_row(
+pub(crate) async fn plant_row(
     s: &Session,
     table: &str,
     service: &str,
@@ -137,7 +137,7 @@ async fn plant_row(
     .expect("plant a row");
 }
 
-fn heartbeater(
+pub(crate) fn heartbeater(
     t: Arc<CassandraMembershipTable>,
     e: MembershipEntry,
 ) -> tokio::task::JoinHandle<()> {
@@ -154,7 +154,7 @@ fn heartbeater(
 
 /// Reads every 200 ms for `how_long`: every entry of `expected` is there and the version never
 /// goes back. Returns the last version seen.
-async fn watch_entries(
+pub(crate) async fn watch_entries(
     t: &CassandraMembershipTable,
     expected: &[&MembershipEntry],
     how_long: Duration,

@@ -8,6 +8,7 @@ mod bounded;
 mod cassandra_only;
 mod conformance;
 mod expiry;
+mod expiry_mixed;
 mod expiry_policy;
 mod faults;
 mod outcomes;

@@ -1,0 +1,295 @@
+//! Expiry with silos of one cluster on different settings (review of issue 10): a write never
+//! shortens a TTL another silo relies on, a silo with expiry off takes back a TTL an older
+//! release gave its row or the version, and a renewal never depends on a partition scan.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cassandra_membership::conformance::new_entry;
+use cassandra_membership::{
+    CassandraClusteringOptions, CassandraMembershipTable, HeartbeatOutcome, MembershipEntry,
+    MembershipOptions, MembershipTable, SuspectTime, Timestamp, TtlMismatchPolicy,
+};
+use scylla::client::session::Session;
+
+use crate::expiry_policy::{
+    TTL, WRITE_TTL, heartbeater, insert, opts, plant_row, table_name, ttl_on, ttls, watch_entries,
+};
+use crate::utils::{KEYSPACE, session_with_keyspace, table_on, unique};
+
+/// Expiry on with a TTL of `secs` (renewal every `secs / 10`).
+fn ttl_of(o: CassandraClusteringOptions, secs: u64) -> CassandraClusteringOptions {
+    let mut m = MembershipOptions::default();
+    m.defunct_silo_expiration = Duration::from_secs(secs);
+    m.i_am_alive_table_publish_timeout = Duration::from_millis(500);
+    o.ttl(true).membership(m)
+}
+
+/// A suspicion vote of `voter` on `target`'s row: a membership write on a row it does not renew.
+async fn vote(t: &CassandraMembershipTable, target: &MembershipEntry, voter: &MembershipEntry) {
+    for _ in 0..20 {
+        let snap = t.read_row(&target.address).await.unwrap();
+        let mut voted = snap.rows[0].entry.clone();
+        voted.suspect_times.push(SuspectTime {
+            suspecting_silo: voter.address,
+            time: Timestamp::now(),
+        });
+        if t.update_row(&voted, &snap.rows[0].etag, &snap.version.next())
+            .await
+            .unwrap()
+        {
+            return;
+        }
+    }
+    panic!("the vote kept losing races");
+}
+
+/// The version's TTL is at least every row's (read in one query: same clock, same instant).
+async fn assert_version_outlives_rows(s: &Session, table: &str, cluster: &str, when: &str) {
+    let (rows, version) = ttls(s, table, "svc", cluster).await;
+    let longest = rows.iter().filter_map(|(_, t)| *t).max().unwrap_or(0);
+    assert!(
+        rows.iter().all(|(_, t)| t.is_some()),
+        "{when}: rows {rows:?}"
+    );
+    assert!(
+        version.is_none_or(|v| v >= longest),
+        "{when}: the version (TTL {version:?}) would expire before a row: {rows:?}"
+    );
+}
+
+/// Review finding 1: a silo with a shorter TTL (a rolling change of DefunctSiloExpiration to a
+/// shorter one) voted on the row of a silo with a longer TTL and gave it its own, shorter TTL:
+/// the row expired before its silo's next renewal. And rows with a TTL within the tolerance
+/// above the write TTL outlived the version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_never_shortens_a_row_or_the_version_ttl() {
+    let s = session_with_keyspace().await;
+    let table = table_name();
+    let cluster = unique("shorter");
+    // Y: TTL 100 s, renews every 10 s with TTL 111 s.
+    let y = Arc::new(table_on(&s, ttl_of(opts(&table, "svc", &cluster), 100)));
+    y.initialize(true).await.unwrap();
+    let ey = new_entry(Timestamp::now());
+    insert(y.as_ref(), &ey).await;
+    let y_beat = heartbeater(Arc::clone(&y), ey.clone());
+    // X: TTL 4 s (writes 6 s); `allow`, since Y's row carries a longer TTL.
+    let x = Arc::new(table_on(
+        &s,
+        ttl_on(opts(&table, "svc", &cluster)).ttl_mismatch(TtlMismatchPolicy::Allow),
+    ));
+    x.initialize(true).await.unwrap();
+    let ex = new_entry(Timestamp::now());
+    insert(x.as_ref(), &ex).await;
+    let x_beat = heartbeater(Arc::clone(&x), ex.clone());
+    vote(&x, &ey, &ex).await;
+    let (rows, _) = ttls(&s, &table, "svc", &cluster).await;
+    let y_ttl = rows
+        .iter()
+        .find(|(silo, _)| *silo == ey.address.to_string())
+        .and_then(|(_, t)| *t);
+    assert!(
+        y_ttl.is_some_and(|t| t > 90),
+        "X's vote cut Y's row TTL to {y_ttl:?}"
+    );
+    assert_version_outlives_rows(&s, &table, &cluster, "after the vote").await;
+    // Y renews only every 10 s: its entry must not expire in between.
+    watch_entries(&x, &[&ey, &ex], Duration::from_secs(3 * TTL + 1), 0).await;
+    y_beat.abort();
+    x_beat.abort();
+
+    // A row whose TTL reads one second above the write TTL (written through a node ahead, within
+    // the tolerance): the version must outlive it all the same. A table value learns the longest
+    // row TTL from its audit at `initialize` and from its renewals' scans.
+    let cluster = unique("tolerance");
+    // `allow`: the table default is Y's.
+    let first = table_on(
+        &s,
+        ttl_on(opts(&table, "svc", &cluster)).ttl_mismatch(TtlMismatchPolicy::Allow),
+    );
+    first.initialize(true).await.unwrap();
+    let e = new_entry(Timestamp::now());
+    insert(&first, &e).await;
+    let planted = |silo: &'static str| {
+        let (s, table, cluster) = (Arc::clone(&s), table.clone(), cluster.clone());
+        async move {
+            let now = Timestamp::now().as_millis();
+            plant_row(&s, &table, "svc", &cluster, silo, 3, now, WRITE_TTL + 1).await;
+        }
+    };
+    planted("127.0.0.1:1@1").await;
+    let t = table_on(
+        &s,
+        ttl_on(opts(&table, "svc", &cluster)).ttl_mismatch(TtlMismatchPolicy::Allow),
+    );
+    t.initialize(true).await.unwrap();
+    let snap = t.read_row(&e.address).await.unwrap();
+    let mut updated = snap.rows[0].entry.clone();
+    updated.i_am_alive_time = Timestamp::now();
+    assert!(
+        t.update_row(&updated, &snap.rows[0].etag, &snap.version.next())
+            .await
+            .unwrap()
+    );
+    assert_version_outlives_rows(&s, &table, &cluster, "after an update").await;
+    // A renewal's scan sees a row planted since.
+    planted("127.0.0.1:2@2").await;
+    let renewing = table_on(
+        &s,
+        ttl_on(opts(&table, "svc", &cluster)).ttl_mismatch(TtlMismatchPolicy::Allow),
+    );
+    renewing.initialize(true).await.unwrap();
+    planted("127.0.0.1:3@3").await;
+    assert!(matches!(
+        renewing
+            .update_i_am_alive(&e.address, Timestamp::now())
+            .await
+            .unwrap(),
+        HeartbeatOutcome::Refreshed { .. }
+    ));
+    assert_version_outlives_rows(&s, &table, &cluster, "after a renewal").await;
+}
+
+/// What a previous release with expiry on did to another silo's row when it voted on it, and to
+/// the version when it left: rewrote them unchanged, with its TTL.
+async fn old_release_stamps_row_and_version(
+    s: &Session,
+    table: &str,
+    cluster: &str,
+    silo: &str,
+    ttl: i32,
+) {
+    let json: (String,) = s
+        .query_unpaged(
+            format!(
+                "SELECT JSON service_id, cluster_id, silo, etag, status, suspect_times, proxy_port, host_name, \
+                 silo_name, role_name, update_zone, fault_zone, start_time, i_am_alive, version, version_etag \
+                 FROM {KEYSPACE}.{table} WHERE service_id = 'svc' AND cluster_id = ? AND silo = ?"
+            ),
+            (cluster, silo),
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap()
+        .single_row()
+        .unwrap();
+    s.query_unpaged(
+        format!("INSERT INTO {KEYSPACE}.{table} JSON ? DEFAULT UNSET USING TTL ?"),
+        (json.0, ttl),
+    )
+    .await
+    .unwrap();
+}
+
+/// Review finding 2: a silo with expiry off never looked at its own row's or the version's TTL,
+/// so a previous-release silo with expiry on (which writes its TTL on every row it votes on, and
+/// on the version) made a live entry and the version expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expiry_off_silo_takes_back_a_ttl_an_older_release_gave_its_row_and_the_version() {
+    let s = session_with_keyspace().await;
+    let table = table_name();
+    let cluster = unique("off-old");
+    let on = Arc::new(table_on(&s, ttl_on(opts(&table, "svc", &cluster))));
+    on.initialize(true).await.unwrap();
+    let n1 = new_entry(Timestamp::now());
+    insert(on.as_ref(), &n1).await;
+    let on_beat = heartbeater(Arc::clone(&on), n1.clone());
+    // The rolling change flips `ttl` only: the same DefunctSiloExpiration, so the silo with
+    // expiry off checks its row every renewal interval (TTL / 10) as well.
+    let off = Arc::new(table_on(
+        &s,
+        ttl_on(opts(&table, "svc", &cluster))
+            .ttl(false)
+            .ttl_mismatch(TtlMismatchPolicy::Allow),
+    ));
+    off.initialize(true).await.unwrap();
+    let o1 = new_entry(Timestamp::now());
+    insert(off.as_ref(), &o1).await;
+    let off_beat = heartbeater(Arc::clone(&off), o1.clone());
+    old_release_stamps_row_and_version(&s, &table, &cluster, &o1.address.to_string(), WRITE_TTL)
+        .await;
+    let v = watch_entries(&off, &[&o1, &n1], Duration::from_secs(3 * TTL + 1), 0).await;
+    on_beat.abort();
+    // The old release leaves: its last write stamps the version (and the row) once more.
+    old_release_stamps_row_and_version(&s, &table, &cluster, &o1.address.to_string(), WRITE_TTL)
+        .await;
+    watch_entries(&off, &[&o1], Duration::from_secs(2 * WRITE_TTL as u64), v).await;
+    let (rows, version) = ttls(&s, &table, "svc", &cluster).await;
+    let o1_ttl = rows
+        .iter()
+        .find(|(silo, _)| *silo == o1.address.to_string())
+        .and_then(|(_, t)| *t);
+    assert_eq!(o1_ttl, None, "the expiry-off silo's row keeps no TTL");
+    assert_eq!(version, None, "the version keeps no TTL");
+    let before = off.read_all().await.unwrap().version.version;
+    assert!(before >= 2, "the version restarted: {before}");
+    insert(off.as_ref(), &new_entry(Timestamp::now())).await;
+    assert_eq!(off.read_all().await.unwrap().version.version, before + 1);
+    off_beat.abort();
+}
+
+/// Fills a partition with more cell tombstones than Cassandra's `tombstone_failure_threshold`
+/// (100,000 by default), in rows sorting after every silo address: a scan of the partition
+/// fails, a read of one row does not.
+async fn overwhelm_with_tombstones(s: &Session, table: &str, cluster: &str) {
+    use scylla::statement::batch::{Batch, BatchType};
+    let update = s
+        .prepare(format!(
+            "UPDATE {KEYSPACE}.{table} SET etag = null, status = null, suspect_times = null, proxy_port = null, \
+             host_name = null, silo_name = null, role_name = null, update_zone = null, fault_zone = null, \
+             start_time = null, i_am_alive = null WHERE service_id = 'svc' AND cluster_id = ? AND silo = ?"
+        ))
+        .await
+        .unwrap();
+    // 10,000 rows × 11 cells.
+    for b in 0..100 {
+        let mut batch = Batch::new(BatchType::Unlogged);
+        let mut values = Vec::new();
+        for i in 0..100 {
+            batch.append_statement(update.clone());
+            values.push((cluster, format!("zz-tombstone-{b:03}-{i:03}")));
+        }
+        s.batch(&batch, values).await.unwrap();
+    }
+}
+
+/// Review finding 4: every renewal scanned the whole partition and a failed scan aborted the
+/// renewal, so a live entry expired while its silo kept heartbeating.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_partition_scan_never_stops_a_renewal() {
+    let s = session_with_keyspace().await;
+    let table = table_name();
+    let cluster = unique("scan-fails");
+    let t = table_on(&s, ttl_on(opts(&table, "svc", &cluster)));
+    t.initialize(true).await.unwrap();
+    let e = new_entry(Timestamp::now());
+    insert(&t, &e).await;
+    overwhelm_with_tombstones(&s, &table, &cluster).await;
+    let scan = s
+        .query_unpaged(
+            format!("SELECT silo, TTL(etag) FROM {KEYSPACE}.{table} WHERE service_id = 'svc' AND cluster_id = ?"),
+            (&cluster,),
+        )
+        .await;
+    assert!(scan.is_err(), "the premise: a scan of the partition fails");
+    let started = Instant::now();
+    let mut samples = 0;
+    while started.elapsed() < Duration::from_secs(3 * TTL + 1) {
+        match t.update_i_am_alive(&e.address, Timestamp::now()).await {
+            Ok(HeartbeatOutcome::Refreshed { .. }) => {}
+            other => panic!(
+                "a live silo's heartbeat after {:?}: {other:?}",
+                started.elapsed()
+            ),
+        }
+        assert!(
+            !t.read_row(&e.address).await.unwrap().rows.is_empty(),
+            "the entry expired after {:?}",
+            started.elapsed()
+        );
+        samples += 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(samples > 10);
+}
