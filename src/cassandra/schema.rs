@@ -18,6 +18,28 @@ const NO_COLUMNS: &str = "the table has no columns (yet)";
 impl CassandraMembershipTable {
     /// `initialize`: the schema, the TTL reconciliation, then the cluster's version if asked.
     pub(super) async fn initialize_cluster(&self, try_init_version: bool) -> Result<()> {
+        // Every step is idempotent (IF NOT EXISTS, a conditional version insert, an audit), so an
+        // `Unavailable` — a node that has not applied a table just created yet, a connection lost
+        // while many silos start at once — is retried until schema_timeout. A `Timeout` is not:
+        // each statement already had its time (and reads a second try).
+        let deadline = tokio::time::Instant::now() + self.opts().schema_timeout;
+        let mut attempt = 0u32;
+        loop {
+            match self.initialize_once(try_init_version).await {
+                Err(
+                    e @ (MembershipError::Unavailable { .. } | MembershipError::Timeout { .. }),
+                ) if tokio::time::Instant::now() < deadline => {
+                    attempt += 1;
+                    debug!(attempt, error = %e, "initialize failed for a passing reason; again");
+                    let pause = 200 * u64::from(attempt.min(10)) + rand::random_range(0..200);
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn initialize_once(&self, try_init_version: bool) -> Result<()> {
         self.ensure_schema().await?;
         // Another silo may have just created the table: its schema can be listed a moment before
         // the node serves it, so preparing is retried for a short while.
