@@ -182,7 +182,13 @@ ring_started_here=1
 CASSANDRA_FIRST_NODE=$ring_first CASSANDRA_HEAP=${CASSANDRA_RING_HEAP:-768M} scripts/cassandra.sh start 3
 ring=$(for i in $ring_nodes; do printf '127.0.0.%s:9042,' "$i"; done)
 ring=${ring%,}
-CASSANDRA_CONTACT_POINTS=$ring CASSANDRA_RF=3 cargo test --test cassandra conformance::
+# The model-based property test compares each concurrent group's answers with the sequential model
+# and so needs definite answers; on a ring, dueling Paxos rounds may honestly answer OutcomeUnknown.
+# Concurrency on the ring is judged by the fault suite's linearizability checker instead, which
+# allows unknown outcomes. Named here, filtered out by cargo, never counted as passed.
+printf '[test.sh] on three nodes, not run: conformance::behaves_like_the_sequential_model (see above)\n'
+CASSANDRA_CONTACT_POINTS=$ring CASSANDRA_RF=3 cargo test --test cassandra conformance:: -- \
+  --skip conformance::behaves_like_the_sequential_model
 CASSANDRA_FIRST_NODE=$ring_first cargo test --test three_nodes -- --test-threads 1 --nocapture
 step "benchmarks compile"
 cargo bench --no-run --quiet
