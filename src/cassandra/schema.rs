@@ -20,9 +20,11 @@ impl CassandraMembershipTable {
     pub(super) async fn initialize_cluster(&self, try_init_version: bool) -> Result<()> {
         // Every step is idempotent (IF NOT EXISTS, a conditional version insert, an audit), so an
         // `Unavailable` — a node that has not applied a table just created yet, a connection lost
-        // while many silos start at once — is retried until schema_timeout. A `Timeout` is not:
+        // while many silos start at once — is retried for up to request_timeout (a silent node
+        // must not hold a caller longer than that before the last attempt). A `Timeout` is not:
         // each statement already had its time (and reads a second try).
-        let deadline = tokio::time::Instant::now() + self.opts().schema_timeout;
+        let o = self.opts();
+        let deadline = tokio::time::Instant::now() + o.request_timeout.min(o.schema_timeout);
         let mut attempt = 0u32;
         loop {
             match self.initialize_once(try_init_version).await {
