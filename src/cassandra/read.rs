@@ -36,15 +36,23 @@ async fn retry_read(err: &MembershipError, attempt: u32) -> bool {
     true
 }
 
-/// A coordinator that has not applied a table another node just created answers that the table
-/// does not exist (Cassandra) or is unconfigured (ScyllaDB) until the schema reaches it; the
-/// provider only reads tables `initialize` made sure of, so this passes.
-fn schema_lag(err: &MembershipError) -> bool {
+/// A coordinator or replica that has not applied a table another node just created answers that
+/// the table does not exist (Cassandra) or is unconfigured (ScyllaDB), or fails the read with
+/// `INCOMPATIBLE_SCHEMA` / an unknown table id, until the schema reaches it; the provider only
+/// reads tables `initialize` made sure of, so this passes.
+pub(super) fn schema_lag(err: &MembershipError) -> bool {
     let MembershipError::Storage { source, .. } = err else {
         return false;
     };
-    let text = source.to_string();
-    text.contains("does not exist") || text.contains("unconfigured table")
+    let text = format!("{source} {source:?}");
+    [
+        "does not exist",
+        "unconfigured table",
+        "INCOMPATIBLE_SCHEMA",
+        "Unknown CF",
+    ]
+    .iter()
+    .any(|sign| text.contains(sign))
 }
 
 /// A full read of one cluster's partition.

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::CassandraMembershipTable;
 use super::driver_errors::{may_have_applied, to_error};
+use super::read::schema_lag;
 use super::statements::{self, create_keyspace_cql, create_table_cql};
 use super::values::InitVersionValues;
 use crate::error::{MembershipError, Result};
@@ -18,19 +19,27 @@ const NO_COLUMNS: &str = "the table has no columns (yet)";
 impl CassandraMembershipTable {
     /// `initialize`: the schema, the TTL reconciliation, then the cluster's version if asked.
     pub(super) async fn initialize_cluster(&self, try_init_version: bool) -> Result<()> {
-        // Every step is idempotent (IF NOT EXISTS, a conditional version insert, an audit), so an
-        // `Unavailable` — a node that has not applied a table just created yet, a connection lost
-        // while many silos start at once — is retried for up to request_timeout (a silent node
-        // must not hold a caller longer than that before the last attempt). A `Timeout` is not:
-        // each statement already had its time (and reads a second try).
+        // Every step is idempotent (IF NOT EXISTS, a conditional version insert, an audit), so a
+        // passing failure — `Unavailable`, `Timeout`, or a schema lag (read.rs `schema_lag`): a
+        // node that has not applied a table just created yet, a connection lost while many silos
+        // start at once — is retried while request_timeout has not passed since the first try
+        // (a silent node must not hold a caller much longer than that).
+        // A schema lag answers at once (no silent node behind it) and can last as long as a schema
+        // change takes to spread: it gets schema_timeout.
         let o = self.opts();
-        let deadline = tokio::time::Instant::now() + o.request_timeout.min(o.schema_timeout);
+        let started = tokio::time::Instant::now();
+        let passing = started + o.request_timeout.min(o.schema_timeout);
+        let lagging = started + o.schema_timeout;
         let mut attempt = 0u32;
         loop {
             match self.initialize_once(try_init_version).await {
-                Err(
-                    e @ (MembershipError::Unavailable { .. } | MembershipError::Timeout { .. }),
-                ) if tokio::time::Instant::now() < deadline => {
+                Err(e)
+                    if (matches!(
+                        e,
+                        MembershipError::Unavailable { .. } | MembershipError::Timeout { .. }
+                    ) && tokio::time::Instant::now() < passing)
+                        || (schema_lag(&e) && tokio::time::Instant::now() < lagging) =>
+                {
                     attempt += 1;
                     debug!(attempt, error = %e, "initialize failed for a passing reason; again");
                     let pause = 200 * u64::from(attempt.min(10)) + rand::random_range(0..200);
