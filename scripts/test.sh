@@ -159,7 +159,9 @@ if [ -z "${CASSANDRA_SECURE_CONTACT_POINT:-}" ]; then
     secure_started_here=1
   fi
 fi
-cargo test --features rustls --test cassandra secure::
+# One thread: the log-capture test installs a thread-scoped tracing subscriber, and tracing's
+# per-callsite interest cache is shared with whatever other test threads log at the same time.
+cargo test --features rustls --test cassandra secure:: -- --test-threads 1
 if [ "$secure_started_here" = 1 ] && [ -z "${KEEP_CASSANDRA:-}" ]; then
   # Two cores: the ring below needs the room.
   scripts/cassandra.sh stop 9

@@ -242,9 +242,16 @@ async fn the_password_appears_in_no_log_line_at_trace_level() {
     drop(table);
     drop(guard);
     let logs = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
+    // Proof that the capture saw the driver at its most verbose level: TRACE lines from the
+    // driver's own targets (how many depends on whether the table already existed).
+    let driver_trace = logs
+        .lines()
+        .filter(|l| l.contains("TRACE") && l.contains("scylla"))
+        .count();
+    eprintln!("captured {} lines, {driver_trace} driver TRACE lines", logs.lines().count());
     assert!(
-        logs.lines().count() > 50 && logs.contains("TRACE"),
-        "TRACE logging was captured ({} lines)",
+        driver_trace > 0,
+        "TRACE logging of the driver was captured ({} lines in all)",
         logs.lines().count()
     );
     assert!(
