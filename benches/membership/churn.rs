@@ -79,7 +79,7 @@ pub(crate) async fn run(s: &Arc<Session>, r: &mut Report) -> Res<Vec<(String, f6
             t.initialize(true).await?;
             fill(&t, 0, 1).await?;
             // Expired generations: the provider's insert statement, plain and batched, TTL 1 s.
-            let q = format!("\"{KS}\".\"{table}\"");
+            let q = format!("\"{}\".\"{table}\"", *KS);
             let ins = s
                 .prepare(include_str!("../../cql/rewrite_entry.cql").replace("{table}", &q))
                 .await?;
@@ -101,8 +101,8 @@ pub(crate) async fn run(s: &Arc<Session>, r: &mut Report) -> Res<Vec<(String, f6
                 written = (written + 200).min(n);
             }
             tokio::time::sleep(Duration::from_secs(2)).await;
-            nodetool(&["flush", KS, &table]).await?;
-            nodetool(&["compact", KS, &table]).await?;
+            nodetool(&["flush", KS.as_str(), &table]).await?;
+            nodetool(&["compact", KS.as_str(), &table]).await?;
             let mut v = Vec::new();
             let mut failed = None;
             for _ in 0..30 {

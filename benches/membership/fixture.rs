@@ -10,7 +10,19 @@ use cassandra_membership::{
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
 
-pub(crate) const KS: &str = "cm_bench";
+/// The bench keyspace (`CM_BENCH_KEYSPACE`, default `cm_bench`): dropped and re-created at the start,
+/// so two runs against one node need two names.
+pub(crate) static KS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    std::env::var("CM_BENCH_KEYSPACE").unwrap_or_else(|_| "cm_bench".into())
+});
+
+/// Replication factor of the bench keyspace (`CASSANDRA_RF`, default 1; 3 on the three-node ring).
+pub(crate) fn replication_factor() -> u32 {
+    std::env::var("CASSANDRA_RF")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
 
 pub(crate) type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -50,7 +62,7 @@ pub(crate) async fn session() -> Res<Arc<Session>> {
 pub(crate) fn opts(cluster: &str, table: &str, ttl: bool) -> CassandraClusteringOptions {
     let mut m = MembershipOptions::default();
     m.defunct_silo_expiration = Duration::from_secs(3600);
-    CassandraClusteringOptions::new(KS, "bench", cluster)
+    CassandraClusteringOptions::new(KS.as_str(), "bench", cluster)
         .table(table)
         .ttl(ttl)
         .membership(m)

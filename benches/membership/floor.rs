@@ -22,7 +22,7 @@ pub(crate) struct Floor {
 }
 
 pub(crate) async fn floor(s: &Session, table: &str) -> Res<Floor> {
-    let q = format!("\"{KS}\".\"{table}\"");
+    let q = format!("\"{}\".\"{table}\"", *KS);
     let prep = |cql: &str, c: Consistency| {
         let text = cql.replace("{table}", &q);
         async move {

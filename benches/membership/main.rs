@@ -21,7 +21,7 @@ mod scale;
 
 use cassandra_membership::Timestamp;
 
-use crate::fixture::{KS, Res, session, warm_up};
+use crate::fixture::{KS, Res, replication_factor, session, warm_up};
 use crate::plot::svg;
 use crate::report::Report;
 
@@ -33,19 +33,27 @@ async fn main() -> Res<()> {
         .collect();
     let want = |s: &str| args.is_empty() || args.iter().any(|a| a == s);
     let s = session().await?;
-    s.query_unpaged(format!("DROP KEYSPACE IF EXISTS {KS}"), ())
+    s.query_unpaged(format!("DROP KEYSPACE IF EXISTS {}", *KS), ())
         .await?;
-    s.query_unpaged(format!("CREATE KEYSPACE {KS} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': 1}}"), ()).await?;
+    let rf = replication_factor();
+    s.query_unpaged(format!("CREATE KEYSPACE {} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': {rf}}}", *KS), ()).await?;
     let mut r = Report::new();
     let version: (String,) = s
         .query_unpaged("SELECT release_version FROM system.local", ())
         .await?
         .into_rows_result()?
         .single_row()?;
+    let peers = s
+        .query_unpaged("SELECT peer FROM system.peers_v2", ())
+        .await?
+        .into_rows_result()?
+        .rows_num();
+    let paxos = std::env::var("CASSANDRA_PAXOS_VARIANT").unwrap_or_else(|_| "v1".into());
     r.line(&format!(
-        "Run {} on Apache Cassandra {} (one node on 127.0.0.1, RF 1) and the same 2-core machine as the client.",
+        "Run {} on Apache Cassandra {} ({} node(s), RF {rf}, paxos_variant {paxos} as CASSANDRA_PAXOS_VARIANT says) and the same 2-core machine as the client.",
         Timestamp::now(),
-        version.0
+        version.0,
+        peers + 1
     ));
     std::fs::create_dir_all("bench-results")?;
     warm_up(&s).await?;

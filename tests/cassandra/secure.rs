@@ -248,7 +248,10 @@ async fn the_password_appears_in_no_log_line_at_trace_level() {
         .lines()
         .filter(|l| l.contains("TRACE") && l.contains("scylla"))
         .count();
-    eprintln!("captured {} lines, {driver_trace} driver TRACE lines", logs.lines().count());
+    eprintln!(
+        "captured {} lines, {driver_trace} driver TRACE lines",
+        logs.lines().count()
+    );
     assert!(
         driver_trace > 0,
         "TRACE logging of the driver was captured ({} lines in all)",
