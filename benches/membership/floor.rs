@@ -12,9 +12,10 @@ use crate::fixture::{KS, Res};
 
 /// The provider's own CQL, prepared directly: the floor.
 pub(crate) struct Floor {
-    pub(crate) read_statics: PreparedStatement,
+    pub(crate) read_heartbeats: PreparedStatement,
     pub(crate) read_rows: PreparedStatement,
     pub(crate) read_row: PreparedStatement,
+    pub(crate) read_row_from: PreparedStatement,
     pub(crate) heartbeat: PreparedStatement,
     pub(crate) insert: Batch,
     pub(crate) update: Batch,
@@ -52,13 +53,18 @@ pub(crate) async fn floor(s: &Session, table: &str) -> Res<Floor> {
     )
     .await?;
     Ok(Floor {
-        read_statics: prep(
-            include_str!("../../cql/read_statics.cql"),
-            Consistency::Serial,
+        read_heartbeats: prep(
+            include_str!("../../cql/read_heartbeat_values.cql"),
+            Consistency::Quorum,
         )
         .await?,
         read_rows: prep(include_str!("../../cql/read_rows.cql"), Consistency::Serial).await?,
         read_row: prep(include_str!("../../cql/read_row.cql"), Consistency::Serial).await?,
+        read_row_from: prep(
+            include_str!("../../cql/read_row_from.cql"),
+            Consistency::Serial,
+        )
+        .await?,
         heartbeat: prep(include_str!("../../cql/heartbeat.cql"), Consistency::Quorum).await?,
         insert: batch(vec![update_entry.clone(), write_version.clone()]),
         update: batch(vec![update_entry, write_version]),
@@ -130,6 +136,17 @@ pub(crate) fn update_values(v: EntryTuple, expected: Option<Uuid>) -> UpdateTupl
     (
         v.14, v.3, v.4, v.5, v.6, v.7, v.8, v.9, v.10, v.11, v.12, v.13, v.0, v.1, v.2, expected,
     )
+}
+
+/// `read_all`'s statements: the first (only) page at SERIAL together with the heartbeat map.
+pub(crate) async fn read_all_floor(s: &Session, f: &Floor, pk: (&str, &str)) -> Res<()> {
+    let (rows, heartbeats) = tokio::join!(
+        s.execute_unpaged(&f.read_rows, pk),
+        s.execute_unpaged(&f.read_heartbeats, pk)
+    );
+    rows?;
+    heartbeats?;
+    Ok(())
 }
 
 pub(crate) fn uuid_of(e: &ETag) -> Uuid {

@@ -9,8 +9,8 @@ use scylla::client::session::Session;
 use scylla::value::CqlTimestamp;
 use uuid::Uuid;
 
-use crate::fixture::{Res, entry, fill, provider};
-use crate::floor::{entry_values, floor, update_values, uuid_of};
+use crate::fixture::{Res, address, entry, fill, provider};
+use crate::floor::{entry_values, floor, read_all_floor, update_values, uuid_of};
 use crate::report::{Report, Stats, ms, stats};
 
 /// Times `a` and `b` alternately `n` times (so drift hits both alike).
@@ -76,10 +76,40 @@ pub(crate) async fn run(s: &Arc<Session>, r: &mut Report) -> Res<()> {
             ab(
                 200,
                 |_| timed(async { t.read_all().await.map(|_| ()).map_err(Into::into) }),
+                |_| timed(read_all_floor(s, &f, pk)),
+            )
+            .await?,
+        );
+        // Issue 15's target: read_all against one serial read of the partition's rows alone.
+        push(
+            "read_all vs 1 serial read of the rows",
+            ab(
+                200,
+                |_| timed(async { t.read_all().await.map(|_| ()).map_err(Into::into) }),
                 |_| {
                     timed(async {
-                        s.execute_unpaged(&f.read_statics, pk).await?;
                         s.execute_unpaged(&f.read_rows, pk).await?;
+                        Ok(())
+                    })
+                },
+            )
+            .await?,
+        );
+        // A missing silo whose key sorts before the stored ones: one statement.
+        let missing = address(0, 0);
+        let missing_key = missing.to_string();
+        push(
+            "read_row (absent)",
+            ab(
+                200,
+                |_| timed(async { t.read_row(&missing).await.map(|_| ()).map_err(Into::into) }),
+                |_| {
+                    timed(async {
+                        s.execute_unpaged(
+                            &f.read_row_from,
+                            (&missing_key, "bench", cluster.as_str(), &missing_key),
+                        )
+                        .await?;
                         Ok(())
                     })
                 },
@@ -252,15 +282,7 @@ pub(crate) async fn run(s: &Arc<Session>, r: &mut Report) -> Res<()> {
                             .map_err(Into::into)
                     })
                 },
-                |_| {
-                    timed(async {
-                        s.execute_unpaged(&f.read_statics, (pk2.0, pk2.1.as_str()))
-                            .await?;
-                        s.execute_unpaged(&f.read_rows, (pk2.0, pk2.1.as_str()))
-                            .await?;
-                        Ok(())
-                    })
-                },
+                |_| timed(read_all_floor(s, &f, (pk2.0, pk2.1.as_str()))),
             )
             .await?,
         );

@@ -162,7 +162,6 @@ impl CassandraMembershipTable {
             .unwrap_or(StaticsRow {
                 version: None,
                 version_etag: None,
-                heartbeats: None,
             }))
     }
 
@@ -173,29 +172,49 @@ impl CassandraMembershipTable {
         }
     }
 
-    /// Reads the whole partition of `cluster_id`: statics first, then the rows page by page,
-    /// all linearizably; restarts if the version moved in between, so the result is one view.
+    /// The heartbeat elements of the partition, read at the commit level: heartbeats are plain
+    /// writes outside the versioned view, so a serial read would add a Paxos round and no order.
+    async fn read_heartbeat_map(&self, pk: Pk<'_>) -> Result<HashMap<String, StoredHeartbeat>> {
+        let st = self.statements().await?;
+        let result = self
+            .exec_read("read", &st.read_heartbeat_values, pk, false)
+            .await?;
+        let rows = result
+            .into_rows_result()
+            .map_err(|e| MembershipError::corrupt(None, format!("heartbeat read: {e}")))?;
+        let row: Option<(Option<HashMap<String, StoredHeartbeat>>,)> =
+            rows.maybe_first_row().map_err(|e| self.shape_error(e))?;
+        Ok(row.and_then(|(m,)| m).unwrap_or_default())
+    }
+
+    /// Reads the whole partition of `cluster_id` as one view: the rows page by page, each page a
+    /// serial read carrying the version its rows belong to (the first page is sent together with
+    /// the heartbeat read, so a one-page cluster costs one round trip); restarts if the version
+    /// moved between pages.
     pub(super) async fn read_partition(&self, pk: Pk<'_>) -> Result<PartitionRead> {
         let cluster_id = pk.cluster_id;
         let started = Instant::now();
         let st = self.statements().await?;
         for _ in 0..MAX_ATTEMPTS {
-            let statics = self.read_statics(pk).await?;
-            let version = decode_version(statics.version, statics.version_etag)?;
+            let (first, heartbeats) = tokio::join!(
+                self.read_page("read", &st.read_rows, pk, PagingState::start(), true),
+                self.read_heartbeat_map(pk),
+            );
+            let mut page = Some(first?);
+            let heartbeats = heartbeats?;
+            // (version, version_etag) of the first row read: every later row must carry the same.
+            let mut view: Option<(Option<i64>, Option<Uuid>)> = None;
             let mut entries = Vec::new();
             let mut empty_rows = Vec::new();
-            let mut paging = PagingState::start();
             let mut consistent = true;
-            loop {
-                let (result, next) = self
-                    .read_page("read", &st.read_rows, pk, paging, true)
-                    .await?;
+            while let Some((result, next)) = page.take() {
                 let rows = result.into_rows_result().map_err(|e| {
                     MembershipError::corrupt(None, format!("read returned no rows result: {e}"))
                 })?;
                 for row in rows.rows::<EntryRow>().map_err(|e| self.shape_error(e))? {
                     let row = row.map_err(|e| self.shape_error(e))?;
-                    if row.version_etag != statics.version_etag {
+                    let seen = (row.version, row.version_etag);
+                    if *view.get_or_insert(seen) != seen {
                         consistent = false;
                         break;
                     }
@@ -218,18 +237,22 @@ impl CassandraMembershipTable {
                 if !consistent {
                     break;
                 }
-                match next {
-                    PagingStateResponse::HasMorePages { state } => paging = state,
-                    PagingStateResponse::NoMorePages => break,
+                if let PagingStateResponse::HasMorePages { state } = next {
+                    page = Some(
+                        self.read_page("read", &st.read_rows, pk, state, true)
+                            .await?,
+                    );
                 }
             }
             if consistent {
+                // No row at all: the partition does not exist (no version yet, or deleted).
+                let (version, version_etag) = view.unwrap_or((None, None));
                 return Ok(PartitionRead {
-                    version,
-                    version_etag: statics.version_etag,
+                    version: decode_version(version, version_etag)?,
+                    version_etag,
                     entries,
                     empty_rows,
-                    heartbeats: statics.heartbeats.unwrap_or_default(),
+                    heartbeats,
                 });
             }
             debug!(
@@ -280,44 +303,97 @@ impl CassandraMembershipTable {
         else {
             return Ok(None);
         };
-        let version_etag = row.version_etag;
-        let (row, version, heartbeat) = row.split();
+        let (row, heartbeat) = row.split();
         if row.is_empty() {
             return Ok(None); // only a row marker is left: no entry (an insert may take the key)
         }
-        let version = decode_version(version, version_etag)?;
+        let version = decode_version(row.version, row.version_etag)?;
         let stored = decode_entry(row)
             .map_err(|(_, reason)| MembershipError::corrupt(Some(&key), reason))?;
         Ok(Some((stored, version, heartbeat)))
     }
 
     /// `read_row`: the entry with the version, or the version alone, as one linearizable view.
+    /// One serial read whenever a row sorts at or after the silo's key, two when only rows before
+    /// it exist; an empty cluster falls back to the statics (three).
     pub(super) async fn read_row_snapshot(
         &self,
         address: &SiloAddress,
     ) -> Result<MembershipSnapshot> {
-        let found =
-            |(stored, version, heartbeat): (StoredEntry, TableVersion, Option<StoredHeartbeat>)| {
-                MembershipSnapshot {
-                    rows: vec![MembershipRow {
-                        entry: merge_heartbeat(stored.entry, heartbeat),
-                        etag: ETag::new(stored.etag.to_string()),
-                    }],
-                    version,
-                }
-            };
-        if let Some(hit) = self.read_one(address, true).await? {
-            return Ok(found(hit));
+        let st = self.statements().await?;
+        let key = address.to_string();
+        for neighbour in [&st.read_row_from, &st.read_row_before] {
+            if let Some(row) = self.read_row_or_neighbour(neighbour, &key).await? {
+                return self.row_view(row, &key);
+            }
         }
-        // A missing row carries no statics: read the version, then make sure the row is still
-        // missing (rows only appear through versioned inserts, so both reads describe one view).
+        // No row at all a moment ago: read the version, then make sure the row is still missing
+        // (rows only appear through versioned inserts, so both reads describe one view).
         let statics = self.read_statics(self.pk()).await?;
-        if let Some(hit) = self.read_one(address, true).await? {
-            return Ok(found(hit));
+        if let Some((stored, version, heartbeat)) = self.read_one(address, true).await? {
+            return Ok(found(stored, version, heartbeat));
         }
         Ok(MembershipSnapshot {
             rows: Vec::new(),
             version: decode_version(statics.version, statics.version_etag)?,
         })
+    }
+
+    /// The silo's row or its neighbour (`read_row_from.cql` / `read_row_before.cql`), serial.
+    async fn read_row_or_neighbour(
+        &self,
+        statement: &scylla::statement::prepared::PreparedStatement,
+        key: &str,
+    ) -> Result<Option<EntryWithStaticsRow>> {
+        let result = self
+            .exec_read(
+                "read_row",
+                statement,
+                ReadRowValues {
+                    heartbeat_key: key,
+                    service_id: self.service_id(),
+                    cluster_id: &self.cluster_id,
+                    silo: key,
+                },
+                true,
+            )
+            .await?;
+        let rows = result.into_rows_result().map_err(|e| {
+            MembershipError::corrupt(Some(key), format!("read returned no rows result: {e}"))
+        })?;
+        rows.maybe_first_row::<EntryWithStaticsRow>()
+            .map_err(|e| self.shape_error(e))
+    }
+
+    /// The snapshot a row read says: the silo's entry, or — when the row is another silo's (a
+    /// neighbour) or only a row marker — no entry, at the version that row carries.
+    fn row_view(&self, row: EntryWithStaticsRow, key: &str) -> Result<MembershipSnapshot> {
+        let (row, heartbeat) = row.split();
+        let version = decode_version(row.version, row.version_etag)?;
+        if row.silo.as_deref() != Some(key) || row.is_empty() {
+            return Ok(MembershipSnapshot {
+                rows: Vec::new(),
+                version,
+            });
+        }
+        // Damage in this row is an error: the caller asked for it.
+        let stored =
+            decode_entry(row).map_err(|(_, reason)| MembershipError::corrupt(Some(key), reason))?;
+        Ok(found(stored, version, heartbeat))
+    }
+}
+
+/// A snapshot holding one entry, its heartbeat merged in.
+fn found(
+    stored: StoredEntry,
+    version: TableVersion,
+    heartbeat: Option<StoredHeartbeat>,
+) -> MembershipSnapshot {
+    MembershipSnapshot {
+        rows: vec![MembershipRow {
+            entry: merge_heartbeat(stored.entry, heartbeat),
+            etag: ETag::new(stored.etag.to_string()),
+        }],
+        version,
     }
 }

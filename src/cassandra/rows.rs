@@ -1,8 +1,6 @@
 //! Decoding stored rows without trusting them: every column is read as optional and checked,
 //! so a row written by hand or by another program yields a reason, never a panic.
 
-use std::collections::HashMap;
-
 use scylla::DeserializeRow;
 use scylla::value::CqlTimestamp;
 use uuid::Uuid;
@@ -20,13 +18,13 @@ pub(crate) type StoredHeartbeat = (Option<CqlTimestamp>, Option<CqlTimestamp>);
 pub(crate) struct StaticsRow {
     pub(crate) version: Option<i64>,
     pub(crate) version_etag: Option<Uuid>,
-    pub(crate) heartbeats: Option<HashMap<String, StoredHeartbeat>>,
 }
 
-/// The entry columns, as `read_rows.cql` returns them (with the version tag of each row's partition).
+/// The entry columns, as `read_rows.cql` returns them (with the version of each row's partition).
 #[derive(Debug, DeserializeRow)]
 pub(crate) struct EntryRow {
     pub(crate) silo: Option<String>,
+    pub(crate) version: Option<i64>,
     pub(crate) version_etag: Option<Uuid>,
     pub(crate) etag: Option<Uuid>,
     pub(crate) status: Option<i32>,
@@ -58,7 +56,8 @@ impl EntryRow {
     }
 }
 
-/// `read_row.cql`: one entry with the partition's version and the entry's heartbeat element.
+/// `read_row.cql` (and `read_row_from`/`read_row_before`): one row with the partition's version
+/// and the entry's heartbeat element.
 #[derive(Debug, DeserializeRow)]
 pub(crate) struct EntryWithStaticsRow {
     pub(crate) silo: Option<String>,
@@ -79,10 +78,11 @@ pub(crate) struct EntryWithStaticsRow {
 }
 
 impl EntryWithStaticsRow {
-    pub(crate) fn split(self) -> (EntryRow, Option<i64>, Option<StoredHeartbeat>) {
+    pub(crate) fn split(self) -> (EntryRow, Option<StoredHeartbeat>) {
         (
             EntryRow {
                 silo: self.silo,
+                version: self.version,
                 version_etag: self.version_etag,
                 etag: self.etag,
                 status: self.status,
@@ -96,7 +96,6 @@ impl EntryWithStaticsRow {
                 start_time: self.start_time,
                 i_am_alive: self.i_am_alive,
             },
-            self.version,
             self.heartbeat,
         )
     }
@@ -210,6 +209,7 @@ mod tests {
     fn good_row() -> EntryRow {
         EntryRow {
             silo: Some("127.0.0.1:1@1".into()),
+            version: Some(1),
             version_etag: Some(Uuid::nil()),
             etag: Some(Uuid::nil()),
             status: Some(3),

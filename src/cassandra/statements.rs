@@ -16,6 +16,8 @@ const INIT_VERSION: &str = include_str!("../../cql/init_version.cql");
 const READ_STATICS: &str = include_str!("../../cql/read_statics.cql");
 const READ_ROWS: &str = include_str!("../../cql/read_rows.cql");
 const READ_ROW: &str = include_str!("../../cql/read_row.cql");
+const READ_ROW_FROM: &str = include_str!("../../cql/read_row_from.cql");
+const READ_ROW_BEFORE: &str = include_str!("../../cql/read_row_before.cql");
 const UPDATE_ENTRY: &str = include_str!("../../cql/update_entry.cql");
 const WRITE_VERSION: &str = include_str!("../../cql/write_version.cql");
 const HEARTBEAT: &str = include_str!("../../cql/heartbeat.cql");
@@ -100,6 +102,9 @@ pub(crate) struct Statements {
     pub(crate) read_statics: PreparedStatement,
     pub(crate) read_rows: PreparedStatement,
     pub(crate) read_row: PreparedStatement,
+    /// The row or, when missing, the next (then the previous) one: `read_row` in one statement.
+    pub(crate) read_row_from: PreparedStatement,
+    pub(crate) read_row_before: PreparedStatement,
     /// The same reads at the commit level (not serial), for lease renewals that a CAS verifies.
     pub(crate) read_row_quorum: PreparedStatement,
     pub(crate) heartbeat: PreparedStatement,
@@ -178,6 +183,8 @@ impl Statements {
             read_statics: idempotent(prep(READ_STATICS, serial_read).await?),
             read_rows: idempotent(read_rows),
             read_row: idempotent(prep(READ_ROW, serial_read).await?),
+            read_row_from: idempotent(prep(READ_ROW_FROM, serial_read).await?),
+            read_row_before: idempotent(prep(READ_ROW_BEFORE, serial_read).await?),
             read_row_quorum: idempotent(prep(READ_ROW, commit).await?),
             heartbeat,
             delete_heartbeat_before,

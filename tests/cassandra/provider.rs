@@ -7,7 +7,7 @@ use std::time::Duration;
 use cassandra_membership::conformance::new_entry;
 use cassandra_membership::{
     CassandraClusteringOptions, CassandraMembershipTable, HeartbeatOutcome, MembershipError,
-    MembershipTable, SiloStatus, Timestamp,
+    MembershipTable, SiloAddress, SiloStatus, Timestamp,
 };
 
 use crate::utils::{
@@ -203,6 +203,17 @@ async fn damaged_rows_are_skipped_by_read_all_and_reported_by_read_row() {
             other => panic!("read_row of damaged {silo} returned {other:?}"),
         }
     }
+    // A missing silo next to damaged rows is still just missing: read_row answers a miss with
+    // the version its damaged neighbour carries (10.9.0.1:1@0 sorts before the bad status;
+    // 10.9.0.5:1@2 before the key that is no silo address).
+    for missing in ["10.9.0.1:1@0", "10.9.0.5:1@2"] {
+        let got = t
+            .read_row(&missing.parse().unwrap())
+            .await
+            .unwrap_or_else(|e| panic!("read_row of missing {missing}: {e}"));
+        assert!(got.rows.is_empty(), "{missing}: {got:?}");
+        assert_eq!(got.version, snapshot.version, "{missing}");
+    }
     // Cleanup leaves rows it cannot understand alone (they look Dead and old), and the intact
     // one is still usable.
     assert_eq!(
@@ -389,15 +400,41 @@ async fn statement_costs_per_operation() {
     };
     cost("(setup)", &t);
     let v = t.read_all().await.unwrap().version;
-    assert_eq!(cost("read_all", &t), (0, 2, 0, 0), "statics + one page");
+    assert_eq!(
+        cost("read_all", &t),
+        (1, 1, 0, 0),
+        "one serial page with the version, sent together with the heartbeat read"
+    );
     assert!(t.insert_row(&e, &v.next()).await.unwrap());
     assert_eq!(cost("insert_row", &t), (0, 0, 0, 1));
     let s = t.read_row(&e.address).await.unwrap();
     assert_eq!(cost("read_row (present)", &t), (0, 1, 0, 0));
-    t.read_row(&new_entry(Timestamp::now()).address)
-        .await
-        .unwrap();
-    assert_eq!(cost("read_row (absent)", &t), (0, 3, 0, 0));
+    // Keys are "ip:port@generation" text: 127.0.0.0 sorts before the entry's 127.0.0.1, 127.0.0.2 after.
+    let absent = |ip: [u8; 4]| SiloAddress::new(std::net::SocketAddr::from((ip, 1)), 1);
+    let after = t.read_row(&absent([127, 0, 0, 0])).await.unwrap();
+    assert_eq!(
+        cost("read_row (absent, a row after it)", &t),
+        (0, 1, 0, 0),
+        "the next row carries the version"
+    );
+    assert!(after.rows.is_empty());
+    assert_eq!(after.version, s.version);
+    let before = t.read_row(&absent([127, 0, 0, 2])).await.unwrap();
+    assert_eq!(
+        cost("read_row (absent, rows before it)", &t),
+        (0, 2, 0, 0),
+        "the next row, then the previous one"
+    );
+    assert!(before.rows.is_empty());
+    assert_eq!(before.version, s.version);
+    let empty = t.for_cluster(unique("costs-empty")).unwrap();
+    let nothing = empty.read_row(&absent([127, 0, 0, 0])).await.unwrap();
+    assert_eq!(
+        cost("read_row (empty cluster)", &empty),
+        (0, 4, 0, 0),
+        "next, previous, the version, the row again"
+    );
+    assert!(nothing.rows.is_empty());
     let mut changed = e.clone();
     changed.status = SiloStatus::Dead;
     assert!(
@@ -426,8 +463,9 @@ async fn statement_costs_per_operation() {
             .unwrap(),
         1
     );
-    // + 1 plain read of the due heartbeat elements' write times (their deletes are stamped with them).
-    assert_eq!(cost("cleanup_defunct (1 removed)", &t), (1, 2, 1, 1));
+    // read_all + 1 plain read of the due heartbeat elements' write times (their deletes are
+    // stamped with them).
+    assert_eq!(cost("cleanup_defunct (1 removed)", &t), (2, 1, 1, 1));
     t.delete_cluster(t.cluster_id()).await.unwrap();
     // The stored keys (serial), the batch, the heartbeat elements' write times, the check (serial).
     assert_eq!(cost("delete_cluster (empty)", &t), (1, 2, 0, 1));
