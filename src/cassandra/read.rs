@@ -12,7 +12,7 @@ use super::rows::{
     EntryRow, EntryWithStaticsRow, StaticsRow, StoredEntry, StoredHeartbeat, decode_entry,
     decode_version, merge_heartbeat,
 };
-use super::values::{Pk, ReadRowValues};
+use super::values::{Pk, ReadLastRowValues, ReadRowValues};
 use super::{CassandraMembershipTable, MAX_ATTEMPTS, bump};
 use crate::error::{MembershipError, Result};
 use crate::model::{ETag, MembershipRow, MembershipSnapshot, SiloAddress, TableVersion};
@@ -195,15 +195,25 @@ impl CassandraMembershipTable {
         let cluster_id = pk.cluster_id;
         let started = Instant::now();
         let st = self.statements().await?;
+        // A server may answer an empty page that is not the last (ScyllaDB does after many
+        // tombstones): the version is then only known from a later page, which rows inserted
+        // into the empty page's range in between would not match. Such a read starts over with
+        // the version read first, as a reference every row is checked against.
+        let mut statics_first = false;
         for _ in 0..MAX_ATTEMPTS {
+            // (version, version_etag) every row must carry: the statics' when read first, else
+            // the first row's.
+            let mut view: Option<(Option<i64>, Option<Uuid>)> = None;
+            if statics_first {
+                let statics = self.read_statics(pk).await?;
+                view = Some((statics.version, statics.version_etag));
+            }
             let (first, heartbeats) = tokio::join!(
                 self.read_page("read", &st.read_rows, pk, PagingState::start(), true),
                 self.read_heartbeat_map(pk),
             );
             let mut page = Some(first?);
             let heartbeats = heartbeats?;
-            // (version, version_etag) of the first row read: every later row must carry the same.
-            let mut view: Option<(Option<i64>, Option<Uuid>)> = None;
             let mut entries = Vec::new();
             let mut empty_rows = Vec::new();
             let mut consistent = true;
@@ -211,6 +221,14 @@ impl CassandraMembershipTable {
                 let rows = result.into_rows_result().map_err(|e| {
                     MembershipError::corrupt(None, format!("read returned no rows result: {e}"))
                 })?;
+                if view.is_none()
+                    && rows.rows_num() == 0
+                    && matches!(next, PagingStateResponse::HasMorePages { .. })
+                {
+                    statics_first = true;
+                    consistent = false;
+                    break;
+                }
                 for row in rows.rows::<EntryRow>().map_err(|e| self.shape_error(e))? {
                     let row = row.map_err(|e| self.shape_error(e))?;
                     let seen = (row.version, row.version_etag);
@@ -257,7 +275,7 @@ impl CassandraMembershipTable {
             }
             debug!(
                 cluster = cluster_id,
-                "the version moved during a paged read; reading again"
+                "the version moved during a paged read, or an empty page came first; reading again"
             );
         }
         Err(MembershipError::Contention {
@@ -314,50 +332,61 @@ impl CassandraMembershipTable {
     }
 
     /// `read_row`: the entry with the version, or the version alone, as one linearizable view.
-    /// One serial read whenever a row sorts at or after the silo's key, two when only rows before
-    /// it exist; an empty cluster falls back to the statics (three).
+    /// One serial read when the row exists or another row sorts after its key (that row carries
+    /// the version of the same view); otherwise a second one, of the partition's last row.
     pub(super) async fn read_row_snapshot(
         &self,
         address: &SiloAddress,
     ) -> Result<MembershipSnapshot> {
         let st = self.statements().await?;
         let key = address.to_string();
-        for neighbour in [&st.read_row_from, &st.read_row_before] {
-            if let Some(row) = self.read_row_or_neighbour(neighbour, &key).await? {
+        let started = Instant::now();
+        for _ in 0..MAX_ATTEMPTS {
+            let from = ReadRowValues {
+                heartbeat_key: &key,
+                service_id: self.service_id(),
+                cluster_id: &self.cluster_id,
+                silo: &key,
+            };
+            if let Some(row) = self.read_one_of(&st.read_row_from, from, &key).await? {
                 return self.row_view(row, &key);
             }
+            // Nothing at or after the key a moment ago. The last row now (or the static row of a
+            // partition without rows) sorting before the key proves the silo absent at the
+            // version it carries; one after it was inserted in between: look again.
+            let last = ReadLastRowValues {
+                heartbeat_key: &key,
+                service_id: self.service_id(),
+                cluster_id: &self.cluster_id,
+            };
+            match self.read_one_of(&st.read_last_row, last, &key).await? {
+                None => {
+                    return Ok(MembershipSnapshot {
+                        rows: Vec::new(),
+                        version: TableVersion::absent(),
+                    });
+                }
+                Some(row) if row.silo.as_deref().is_some_and(|s| s > key.as_str()) => {
+                    debug!(silo = %key, "a row sorting after the silo appeared; reading again");
+                }
+                Some(row) => return self.row_view(row, &key),
+            }
         }
-        // No row at all a moment ago: read the version, then make sure the row is still missing
-        // (rows only appear through versioned inserts, so both reads describe one view).
-        let statics = self.read_statics(self.pk()).await?;
-        if let Some((stored, version, heartbeat)) = self.read_one(address, true).await? {
-            return Ok(found(stored, version, heartbeat));
-        }
-        Ok(MembershipSnapshot {
-            rows: Vec::new(),
-            version: decode_version(statics.version, statics.version_etag)?,
+        Err(MembershipError::Contention {
+            operation: "read_row",
+            attempts: MAX_ATTEMPTS,
+            elapsed: started.elapsed(),
         })
     }
 
-    /// The silo's row or its neighbour (`read_row_from.cql` / `read_row_before.cql`), serial.
-    async fn read_row_or_neighbour(
+    /// The first row of a serial `read_row*` statement, if any.
+    async fn read_one_of(
         &self,
         statement: &scylla::statement::prepared::PreparedStatement,
+        values: impl scylla::serialize::row::SerializeRow,
         key: &str,
     ) -> Result<Option<EntryWithStaticsRow>> {
-        let result = self
-            .exec_read(
-                "read_row",
-                statement,
-                ReadRowValues {
-                    heartbeat_key: key,
-                    service_id: self.service_id(),
-                    cluster_id: &self.cluster_id,
-                    silo: key,
-                },
-                true,
-            )
-            .await?;
+        let result = self.exec_read("read_row", statement, values, true).await?;
         let rows = result.into_rows_result().map_err(|e| {
             MembershipError::corrupt(Some(key), format!("read returned no rows result: {e}"))
         })?;

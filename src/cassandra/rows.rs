@@ -56,7 +56,7 @@ impl EntryRow {
     }
 }
 
-/// `read_row.cql` (and `read_row_from`/`read_row_before`): one row with the partition's version
+/// `read_row.cql` (and `read_row_from`/`read_last_row`): one row with the partition's version
 /// and the entry's heartbeat element.
 #[derive(Debug, DeserializeRow)]
 pub(crate) struct EntryWithStaticsRow {

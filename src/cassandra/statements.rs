@@ -17,7 +17,7 @@ const READ_STATICS: &str = include_str!("../../cql/read_statics.cql");
 const READ_ROWS: &str = include_str!("../../cql/read_rows.cql");
 const READ_ROW: &str = include_str!("../../cql/read_row.cql");
 const READ_ROW_FROM: &str = include_str!("../../cql/read_row_from.cql");
-const READ_ROW_BEFORE: &str = include_str!("../../cql/read_row_before.cql");
+const READ_LAST_ROW: &str = include_str!("../../cql/read_last_row.cql");
 const UPDATE_ENTRY: &str = include_str!("../../cql/update_entry.cql");
 const WRITE_VERSION: &str = include_str!("../../cql/write_version.cql");
 const HEARTBEAT: &str = include_str!("../../cql/heartbeat.cql");
@@ -102,9 +102,10 @@ pub(crate) struct Statements {
     pub(crate) read_statics: PreparedStatement,
     pub(crate) read_rows: PreparedStatement,
     pub(crate) read_row: PreparedStatement,
-    /// The row or, when missing, the next (then the previous) one: `read_row` in one statement.
+    /// The row or, when missing, the next one: `read_row` in one statement.
     pub(crate) read_row_from: PreparedStatement,
-    pub(crate) read_row_before: PreparedStatement,
+    /// The partition's last row (or static row): `read_row`'s second step.
+    pub(crate) read_last_row: PreparedStatement,
     /// The same reads at the commit level (not serial), for lease renewals that a CAS verifies.
     pub(crate) read_row_quorum: PreparedStatement,
     pub(crate) heartbeat: PreparedStatement,
@@ -184,7 +185,7 @@ impl Statements {
             read_rows: idempotent(read_rows),
             read_row: idempotent(prep(READ_ROW, serial_read).await?),
             read_row_from: idempotent(prep(READ_ROW_FROM, serial_read).await?),
-            read_row_before: idempotent(prep(READ_ROW_BEFORE, serial_read).await?),
+            read_last_row: idempotent(prep(READ_LAST_ROW, serial_read).await?),
             read_row_quorum: idempotent(prep(READ_ROW, commit).await?),
             heartbeat,
             delete_heartbeat_before,

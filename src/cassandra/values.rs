@@ -31,6 +31,13 @@ pub(super) struct ReadRowValues<'a> {
 }
 
 #[derive(SerializeRow)]
+pub(super) struct ReadLastRowValues<'a> {
+    pub(super) heartbeat_key: &'a str,
+    pub(super) service_id: &'a str,
+    pub(super) cluster_id: &'a str,
+}
+
+#[derive(SerializeRow)]
 pub(super) struct EntryValues<'a> {
     pub(super) service_id: &'a str,
     pub(super) cluster_id: &'a str,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use cassandra_membership::conformance::new_entry;
 use cassandra_membership::{
     CassandraClusteringOptions, CassandraMembershipTable, HeartbeatOutcome, MembershipError,
-    MembershipTable, SiloAddress, SiloStatus, Timestamp,
+    MembershipTable, SiloAddress, SiloStatus, TableVersion, Timestamp,
 };
 
 use crate::utils::{
@@ -423,7 +423,7 @@ async fn statement_costs_per_operation() {
     assert_eq!(
         cost("read_row (absent, rows before it)", &t),
         (0, 2, 0, 0),
-        "the next row, then the previous one"
+        "the next row (none), then the last row, which sorts before the key"
     );
     assert!(before.rows.is_empty());
     assert_eq!(before.version, s.version);
@@ -431,10 +431,11 @@ async fn statement_costs_per_operation() {
     let nothing = empty.read_row(&absent([127, 0, 0, 0])).await.unwrap();
     assert_eq!(
         cost("read_row (empty cluster)", &empty),
-        (0, 4, 0, 0),
-        "next, previous, the version, the row again"
+        (0, 2, 0, 0),
+        "the next row (none), then the last row (none: no partition)"
     );
     assert!(nothing.rows.is_empty());
+    assert_eq!(nothing.version, TableVersion::absent());
     let mut changed = e.clone();
     changed.status = SiloStatus::Dead;
     assert!(
