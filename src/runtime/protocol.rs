@@ -93,39 +93,12 @@ pub(crate) fn retriable(e: &MembershipError) -> bool {
     )
 }
 
-/// Decorrelated-jitter backoff: each pause is random between `BASE` and three times the previous
-/// one (at most `CAP`). Writers that lost a race for the same version spread out at once, and a
-/// writer's pauses grow only while it keeps losing — no shared schedule keeps them in lockstep.
-#[derive(Debug)]
-pub(crate) struct Backoff {
-    last: Duration,
-}
-
-impl Backoff {
-    const BASE: Duration = Duration::from_millis(10);
-    const CAP: Duration = Duration::from_secs(2);
-
-    pub(crate) fn new() -> Self {
-        Backoff { last: Self::BASE }
-    }
-
-    /// The next pause (see the type).
-    fn next_pause(&mut self) -> Duration {
-        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        let (base, cap) = (micros(Self::BASE), micros(Self::CAP));
-        let upper = micros(self.last).saturating_mul(3).clamp(base, cap);
-        self.last = Duration::from_micros(rand::random_range(base..=upper));
-        self.last
-    }
-
-    /// Sleeps the next pause, or until `deadline` if that comes first.
-    pub(crate) async fn pause(&mut self, deadline: Instant) {
-        let pause = self.next_pause();
-        let until = Instant::now()
-            .checked_add(pause)
-            .map_or(deadline, |t| t.min(deadline));
-        tokio::time::sleep_until(until).await;
-    }
+/// Full-jitter exponential backoff: a random pause up to 20 ms × 2^round, at most 2 s, so
+/// many writers of one version row spread out instead of colliding again.
+pub(crate) async fn pause(round: u32, deadline: Instant) {
+    let cap = 20u64.saturating_mul(1 << round.min(7)).min(2_000);
+    let pause = Duration::from_millis(rand::random_range(1..=cap));
+    tokio::time::sleep_until((Instant::now() + pause).min(deadline)).await;
 }
 
 /// Inserts `entry` (retrying version conflicts) with the default limits: see [`join_within`].
@@ -162,7 +135,6 @@ pub(crate) async fn join_until(
     let started = Instant::now();
     let mut maybe_inserted = false;
     let mut round = 0u32;
-    let mut backoff = Backoff::new();
     loop {
         let t = call_limit(call_timeout, deadline);
         let attempt = async {
@@ -220,7 +192,7 @@ pub(crate) async fn join_until(
         if Instant::now() >= deadline {
             return Err(contention("join", round, started.elapsed()));
         }
-        backoff.pause(deadline).await;
+        pause(round, deadline).await;
     }
 }
 
@@ -269,7 +241,6 @@ pub(crate) async fn set_status_until(
 ) -> Result<bool> {
     let started = Instant::now();
     let mut round = 0u32;
-    let mut backoff = Backoff::new();
     loop {
         let t = call_limit(call_timeout, deadline);
         let attempt = async {
@@ -319,7 +290,7 @@ pub(crate) async fn set_status_until(
         if Instant::now() >= deadline {
             return Err(contention("set_status", round, started.elapsed()));
         }
-        backoff.pause(deadline).await;
+        pause(round, deadline).await;
     }
 }
 
@@ -501,50 +472,5 @@ fn contention(operation: &'static str, attempts: u32, elapsed: Duration) -> Memb
         operation,
         attempts,
         elapsed,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_pauses_stay_between_the_base_and_three_times_the_last_and_under_the_cap() {
-        for _ in 0..100 {
-            let mut b = Backoff::new();
-            let mut last = Backoff::BASE;
-            for _ in 0..20 {
-                let p = b.next_pause();
-                assert!(p >= Backoff::BASE, "{p:?}");
-                assert!(p <= (last * 3).min(Backoff::CAP), "{p:?} after {last:?}");
-                last = p;
-            }
-        }
-    }
-
-    #[test]
-    fn backoff_pauses_grow_while_a_writer_keeps_losing() {
-        // The mean of the 10th pause is well above the base: the range keeps widening.
-        let tenth: Duration = (0..200)
-            .map(|_| {
-                let mut b = Backoff::new();
-                (0..9).for_each(|_| {
-                    b.next_pause();
-                });
-                b.next_pause()
-            })
-            .sum();
-        assert!(tenth / 200 > Backoff::BASE * 10, "{:?}", tenth / 200);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_backoff_pause_ends_at_the_deadline() {
-        let mut b = Backoff::new();
-        for _ in 0..20 {
-            b.next_pause();
-        }
-        let deadline = Instant::now() + Duration::from_millis(1);
-        b.pause(deadline).await;
-        assert_eq!(Instant::now(), deadline);
     }
 }

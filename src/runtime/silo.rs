@@ -151,7 +151,7 @@ impl Silo {
         call_timeout: Duration,
         deadline: Instant,
     ) -> Result<()> {
-        let mut backoff = protocol::Backoff::new();
+        let mut round = 0u32;
         loop {
             let limit = call_timeout.min(deadline.saturating_duration_since(Instant::now()));
             match bounded("initialize", true, limit, table.initialize(true)).await {
@@ -160,7 +160,8 @@ impl Silo {
                 }
                 r => return r,
             }
-            backoff.pause(deadline).await;
+            round = round.saturating_add(1);
+            protocol::pause(round, deadline).await;
         }
     }
 
