@@ -50,6 +50,8 @@ struct Flaky {
     failing_reads: AtomicU64,
     /// `read_all` calls so far.
     reads: AtomicU64,
+    /// This many `read_row` calls fail with `Timeout` first (a join reads its own row).
+    failing_row_reads: AtomicU64,
     /// This many `update_row` calls never answer.
     hang_updates: AtomicU64,
     /// The next insert that applies has its row declared Dead right after.
@@ -78,6 +80,7 @@ impl Flaky {
             hang_inserts: AtomicBool::new(false),
             failing_reads: AtomicU64::new(0),
             reads: AtomicU64::new(0),
+            failing_row_reads: AtomicU64::new(0),
             hang_updates: AtomicU64::new(0),
             kill_after_insert: AtomicBool::new(false),
             slow_initialize: AtomicU64::new(0),
@@ -133,6 +136,14 @@ impl MembershipTable for Flaky {
             return Err(MembershipError::CorruptData {
                 silo: Some(a.to_string()),
                 reason: "injected".into(),
+            });
+        }
+        let left = self.failing_row_reads.load(Ordering::SeqCst);
+        if left > 0 {
+            self.failing_row_reads.store(left - 1, Ordering::SeqCst);
+            return Err(MembershipError::Timeout {
+                operation: "read_row",
+                source: "injected".into(),
             });
         }
         self.inner.read_row(a).await
@@ -683,11 +694,40 @@ async fn join_retries_reads_that_give_up_under_contention() {
     let clock = Arc::new(TokioClock::new());
     let table = Flaky::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
     table.failing_reads.store(20, Ordering::SeqCst);
-    let silo =
-        cassandra_membership::Silo::join_with_clock(table, entry(1), options(), clock.clone())
-            .await
-            .expect("joins once the reads succeed");
+    table.failing_row_reads.store(20, Ordering::SeqCst);
+    let silo = cassandra_membership::Silo::join_with_clock(
+        table.clone(),
+        entry(1),
+        options(),
+        clock.clone(),
+    )
+    .await
+    .expect("joins once the reads succeed");
+    assert_eq!(table.failing_row_reads.load(Ordering::SeqCst), 0);
     silo.leave().await.unwrap();
+}
+
+// Issue 15: a join reads its own row; one that cannot be read fails the join at once (read_all
+// would skip it, and the insert would conflict with it until max_join_attempt_time).
+#[tokio::test(start_paused = true)]
+async fn a_join_whose_own_row_cannot_be_read_fails_at_once() {
+    let clock = Arc::new(TokioClock::new());
+    let table = Flaky::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    table.damaged_first.store(true, Ordering::SeqCst);
+    let started = tokio::time::Instant::now();
+    let joined = cassandra_membership::Silo::join_with_clock(
+        table.clone(),
+        entry(1),
+        options(),
+        clock.clone(),
+    )
+    .await;
+    assert!(
+        matches!(joined, Err(MembershipError::CorruptData { .. })),
+        "{joined:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(table.inner.read_all().await.unwrap().rows.is_empty());
 }
 
 // Defect 6: unrelated tables do not share a cleanup registration, and a refused second cleanup

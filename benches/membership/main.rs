@@ -6,11 +6,13 @@
 //!
 //!     scripts/cassandra.sh start && cargo bench --bench membership            # everything (~6 min)
 //!     cargo bench --bench membership -- ops heartbeat                         # some sections
+//!     cargo bench --bench membership -- contention                            # joins at once
 //!
 //! The node is `CASSANDRA_CONTACT_POINTS` (default 127.0.0.1:9042); the keyspace `cm_bench` is
 //! dropped and re-created at the start.
 
 mod churn;
+mod contention;
 mod fixture;
 mod floor;
 mod heartbeat_cost;
@@ -74,6 +76,9 @@ async fn main() -> Res<()> {
                 true,
             ),
         )?;
+    }
+    if want("contention") {
+        contention::run(&s, &mut r).await?;
     }
     if want("churn") {
         let pts = churn::run(&s, &mut r).await?;

@@ -109,7 +109,8 @@ pub async fn join(table: &dyn MembershipTable, entry: &MembershipEntry) -> Resul
 /// Inserts `entry`, retrying version conflicts, reads that give up and calls that time out until
 /// `limits.step_deadline`. Errors if the address already has a row other than this incarnation's
 /// as a join writes it (which an earlier attempt, of this call or of one that answered
-/// `OutcomeUnknown`, inserted): retrying a join is safe.
+/// `OutcomeUnknown`, inserted), or one that cannot be read (`CorruptData`): retrying a join is
+/// safe. Each round reads only the address's row and the version, whatever the cluster's size.
 pub async fn join_within(
     table: &dyn MembershipTable,
     entry: &MembershipEntry,
@@ -137,7 +138,14 @@ pub(crate) async fn join_until(
     loop {
         let t = call_limit(call_timeout, deadline);
         let attempt = async {
-            let snapshot = bounded("read_all", false, t, table.read_all()).await?;
+            // A join needs only the version and whether its own address has a row: `read_row`
+            // gives both as one linearizable view (a serial read of the row together with the
+            // partition's static version cells), so an insert of ours that applied — even one
+            // still in flight at the Paxos level, which a serial read completes — shows here.
+            // Unlike `read_all` it costs the same however many silos there are, cannot restart
+            // because another join moved the version between its pages, and reports a damaged
+            // row at the address instead of skipping it (an insert would then only conflict).
+            let snapshot = bounded("read_row", false, t, table.read_row(&entry.address)).await?;
             if let Some(row) = snapshot.get(&entry.address) {
                 // Our own incarnation as a join writes it (same start time, still the status we
                 // inserted): an earlier attempt, of this call or of a call that answered

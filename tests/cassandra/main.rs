@@ -7,6 +7,7 @@ mod utils;
 mod bounded;
 mod cassandra_only;
 mod conformance;
+mod contention;
 mod expiry;
 mod expiry_mixed;
 mod expiry_policy;
