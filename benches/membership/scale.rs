@@ -141,8 +141,6 @@ pub(crate) struct Schedule {
 /// What a heartbeat load measured (`beats` .. `latencies`: started within the measured window).
 #[derive(Default)]
 pub(crate) struct Load {
-    /// Every heartbeat sent, the warm-up's included: the divisor of statements per heartbeat.
-    pub(crate) attempts: u64,
     /// Heartbeats that returned without an error, applied or not.
     pub(crate) beats: u64,
     /// Heartbeats that returned without an error but did not refresh the entry.
@@ -157,7 +155,6 @@ pub(crate) struct Load {
 
 impl Load {
     fn merge(&mut self, o: Load) {
-        self.attempts += o.attempts;
         self.beats += o.beats;
         self.not_applied += o.not_applied;
         self.errors += o.errors;
@@ -165,8 +162,9 @@ impl Load {
         self.latencies.extend(o.latencies);
     }
 
+    /// Refreshes stored per second of the measured window.
     pub(crate) fn per_second(&self) -> f64 {
-        self.beats as f64 / self.measured.as_secs_f64()
+        (self.beats - self.not_applied) as f64 / self.measured.as_secs_f64()
     }
 
     /// None when no heartbeat returned.
@@ -196,7 +194,6 @@ where
                 while Instant::now() < deadline {
                     let sent = Instant::now();
                     let result = beat(i).await;
-                    load.attempts += 1;
                     if sent >= measured_from {
                         match result {
                             Ok(applied) => {
