@@ -17,6 +17,7 @@ mod fixture;
 mod floor;
 mod heartbeat_cost;
 mod ops;
+mod peers;
 mod plot;
 mod report;
 mod scale;
@@ -96,6 +97,20 @@ async fn main() -> Res<()> {
                 "expired generations",
                 &series,
                 false,
+            ),
+        )?;
+    }
+    if want("peers") {
+        let series = peers::run(&s, &mut r).await?;
+        std::fs::write(
+            "bench-results/peers_heartbeats.svg",
+            plot::svg_y(
+                "p99 heartbeat latency by design",
+                "silos (log scale)",
+                "heartbeat p99 (ms)",
+                "no heartbeat",
+                &series,
+                true,
             ),
         )?;
     }

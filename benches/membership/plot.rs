@@ -1,10 +1,30 @@
-//! The SVG line plots of read_all latency written next to the report (`bench-results/*.svg`).
+//! The SVG line plots written next to the report (`bench-results/*.svg`).
 
 use std::fmt::Write as _;
 
+/// A plot of read_all p50 latency.
 pub(crate) fn svg(
     title: &str,
     xlabel: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    log_x: bool,
+) -> String {
+    svg_y(
+        title,
+        xlabel,
+        "read_all p50 (ms)",
+        "read fails",
+        series,
+        log_x,
+    )
+}
+
+/// A plot of any quantity: `ylabel` names it, `failed` labels a failed measurement (a NaN point).
+pub(crate) fn svg_y(
+    title: &str,
+    xlabel: &str,
+    ylabel: &str,
+    failed: &str,
     series: &[(String, Vec<(f64, f64)>)],
     log_x: bool,
 ) -> String {
@@ -31,7 +51,7 @@ pub(crate) fn svg(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/><text x=\"{}\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">{title}</text>\
          <line x1=\"{m}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/><line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{}\" stroke=\"black\"/>\
-         <text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{xlabel}</text><text x=\"16\" y=\"{}\" transform=\"rotate(-90 16 {})\" text-anchor=\"middle\">read_all p50 (ms)</text>",
+         <text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{xlabel}</text><text x=\"16\" y=\"{}\" transform=\"rotate(-90 16 {})\" text-anchor=\"middle\">{ylabel}</text>",
         w / 2.0,
         h - m,
         w - m,
@@ -85,7 +105,7 @@ pub(crate) fn svg(
                 let y = m + 14.0 + 16.0 * i as f64;
                 let _ = write!(
                     out,
-                    "<text x=\"{:.1}\" y=\"{y:.1}\" fill=\"{c}\" text-anchor=\"end\">read fails ✕</text>",
+                    "<text x=\"{:.1}\" y=\"{y:.1}\" fill=\"{c}\" text-anchor=\"end\">{failed} ✕</text>",
                     px(p.0) - 4.0
                 );
             }

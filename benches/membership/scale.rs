@@ -1,4 +1,5 @@
-//! Scale sections: read_all vs live silos, 1,000 silos heartbeating from one process, join storm.
+//! Scale sections: read_all vs live silos, 1,000 silos heartbeating from one process (and the
+//! heartbeat load driver the peers section shares), join storm.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,10 +10,11 @@ use cassandra_membership::{
     Timestamp,
 };
 use scylla::client::session::Session;
+use scylla::errors::{DbError, ExecutionError, RequestAttemptError};
 use uuid::Uuid;
 
 use crate::fixture::{KS, Res, entry, fill, provider};
-use crate::report::{Report, ms, stats};
+use crate::report::{Report, Stats, ms, stats};
 
 pub(crate) async fn run(s: &Arc<Session>, r: &mut Report) -> Res<Vec<(f64, f64)>> {
     r.section("Scale: read_all vs live silos", "read_all latency (ms) with N live entries in the cluster (50 samples each; page size 1000).");
@@ -48,52 +50,36 @@ pub(crate) async fn run(s: &Arc<Session>, r: &mut Report) -> Res<Vec<(f64, f64)>
         .ttl(true)
         .membership(m);
     o.ttl_mismatch = cassandra_membership::TtlMismatchPolicy::Allow;
-    let t = Arc::new(CassandraMembershipTable::with_session(Arc::clone(s), o)?);
+    let t = CassandraMembershipTable::with_session(Arc::clone(s), o)?;
     t.initialize(true).await?;
     fill(&t, 0, 1000).await?;
-    let beats = Arc::new(AtomicU64::new(0));
-    let errors = Arc::new(AtomicU64::new(0));
-    let lat = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let tasks: Vec<_> = (0..1000)
-        .map(|i| {
-            let (t, beats, errors, lat) = (
-                Arc::clone(&t),
-                Arc::clone(&beats),
-                Arc::clone(&errors),
-                Arc::clone(&lat),
-            );
-            tokio::spawn(async move {
-                let a = entry(i).address;
-                tokio::time::sleep(Duration::from_millis(u64::from(i))).await;
-                while Instant::now() < deadline {
-                    let start = Instant::now();
-                    match t.update_i_am_alive(&a, Timestamp::now()).await {
-                        Ok(_) => {
-                            beats.fetch_add(1, Ordering::Relaxed);
-                            lat.lock().unwrap().push(start.elapsed());
-                        }
-                        Err(_) => {
-                            errors.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    tokio::time::sleep(Duration::from_millis(900 + rand_ms(200))).await;
-                }
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await?;
-    }
-    let st = stats(std::mem::take(&mut *lat.lock().unwrap()));
+    let t = Arc::new(t);
+    let load = heartbeat_load(
+        Schedule {
+            silos: 1000,
+            spread: Duration::from_secs(1),
+            warm: Duration::ZERO,
+            measure: Duration::from_secs(15),
+        },
+        move |i| {
+            let t = Arc::clone(&t);
+            async move {
+                t.update_i_am_alive(&entry(i).address, Timestamp::now())
+                    .await?;
+                Ok(true)
+            }
+        },
+    )
+    .await?;
+    let st = load.stats();
     r.table(
         &["heartbeats", "errors", "heartbeats/s", "p50 ms", "p99 ms"],
         &[vec![
-            beats.load(Ordering::Relaxed).to_string(),
-            errors.load(Ordering::Relaxed).to_string(),
-            format!("{:.0}", beats.load(Ordering::Relaxed) as f64 / 15.0),
-            ms(st.median),
-            ms(st.p99),
+            load.beats.to_string(),
+            load.errors.to_string(),
+            format!("{:.0}", load.per_second()),
+            st.map_or("—".into(), |s| ms(s.median)),
+            st.map_or("—".into(), |s| ms(s.p99)),
         ]],
     );
 
@@ -139,6 +125,119 @@ pub(crate) async fn run(s: &Arc<Session>, r: &mut Report) -> Res<Vec<(f64, f64)>
         ]],
     );
     Ok(points)
+}
+
+/// When the silos of a heartbeat load beat: each about once a second (period compressed from 30 s),
+/// jittered; the first beats spread evenly over `spread`. Beats that start in the first `warm` are
+/// sent but not measured; the load ends `measure` after that.
+#[derive(Clone, Copy)]
+pub(crate) struct Schedule {
+    pub(crate) silos: u32,
+    pub(crate) spread: Duration,
+    pub(crate) warm: Duration,
+    pub(crate) measure: Duration,
+}
+
+/// What a heartbeat load measured (`beats` .. `latencies`: started within the measured window).
+#[derive(Default)]
+pub(crate) struct Load {
+    /// Heartbeats that returned without an error, applied or not.
+    pub(crate) beats: u64,
+    /// Heartbeats that returned without an error but did not refresh the entry.
+    pub(crate) not_applied: u64,
+    pub(crate) errors: u64,
+    /// Errors that are timeouts (client or server side); also counted in `errors`.
+    pub(crate) timeouts: u64,
+    /// Latency of each heartbeat in `beats`.
+    pub(crate) latencies: Vec<Duration>,
+    measured: Duration,
+}
+
+impl Load {
+    fn merge(&mut self, o: Load) {
+        self.beats += o.beats;
+        self.not_applied += o.not_applied;
+        self.errors += o.errors;
+        self.timeouts += o.timeouts;
+        self.latencies.extend(o.latencies);
+    }
+
+    /// Refreshes stored per second of the measured window.
+    pub(crate) fn per_second(&self) -> f64 {
+        (self.beats - self.not_applied) as f64 / self.measured.as_secs_f64()
+    }
+
+    /// None when no heartbeat returned.
+    pub(crate) fn stats(&self) -> Option<Stats> {
+        (!self.latencies.is_empty()).then(|| stats(self.latencies.clone()))
+    }
+}
+
+/// Runs `beat(silo)` for every silo on `schedule`, each silo a task of its own, in this process.
+/// `beat` returns whether the heartbeat refreshed the entry.
+pub(crate) async fn heartbeat_load<F, Fut>(schedule: Schedule, beat: F) -> Res<Load>
+where
+    F: Fn(u32) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Res<bool>> + Send + 'static,
+{
+    let beat = Arc::new(beat);
+    let start = Instant::now();
+    let measured_from = start + schedule.warm;
+    let deadline = measured_from + schedule.measure;
+    let tasks: Vec<_> = (0..schedule.silos)
+        .map(|i| {
+            let beat = Arc::clone(&beat);
+            let offset = schedule.spread * i / schedule.silos;
+            tokio::spawn(async move {
+                let mut load = Load::default();
+                tokio::time::sleep(offset).await;
+                while Instant::now() < deadline {
+                    let sent = Instant::now();
+                    let result = beat(i).await;
+                    if sent >= measured_from {
+                        match result {
+                            Ok(applied) => {
+                                load.beats += 1;
+                                load.not_applied += u64::from(!applied);
+                                load.latencies.push(sent.elapsed());
+                            }
+                            Err(e) => {
+                                load.errors += 1;
+                                load.timeouts += u64::from(is_timeout(&*e));
+                            }
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(900 + rand_ms(200))).await;
+                }
+                load
+            })
+        })
+        .collect();
+    let mut total = Load {
+        measured: schedule.measure,
+        ..Load::default()
+    };
+    for task in tasks {
+        total.merge(task.await?);
+    }
+    Ok(total)
+}
+
+/// A driver timeout anywhere in the error's chain: the client's request timeout, or a
+/// coordinator's read/write timeout (a Paxos round that lost to contention ends as one).
+fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(e), |e| e.source()).any(|e| {
+        matches!(
+            e.downcast_ref::<ExecutionError>(),
+            Some(
+                ExecutionError::RequestTimeout(_)
+                    | ExecutionError::LastAttemptError(RequestAttemptError::DbError(
+                        DbError::ReadTimeout { .. } | DbError::WriteTimeout { .. },
+                        _
+                    ))
+            )
+        )
+    })
 }
 
 fn rand_ms(max: u64) -> u64 {
