@@ -11,10 +11,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 sections=("$@")
 [ ${#sections[@]} -gt 0 ] || sections=(ops contention)
-if (exec 3<>/dev/tcp/127.0.0.1/9042) 2>/dev/null; then
-  echo "a node answers on 127.0.0.1:9042: stop it first (scripts/cassandra.sh stop)" >&2
-  exit 2
-fi
+# A node left running would be reused with its own settings: a mixed ring under one label.
+for i in 1 2 3; do
+  if (exec 3<>"/dev/tcp/127.0.0.$i/9042") 2>/dev/null; then
+    echo "a node answers on 127.0.0.$i:9042: stop it first (scripts/cassandra.sh stop)" >&2
+    exit 2
+  fi
+done
 trap 'scripts/cassandra.sh stop >/dev/null 2>&1 || true' EXIT
 mkdir -p bench-results
 for variant in v1 v2; do

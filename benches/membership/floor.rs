@@ -16,6 +16,10 @@ pub(crate) struct Floor {
     pub(crate) read_rows: PreparedStatement,
     pub(crate) read_row: PreparedStatement,
     pub(crate) read_row_from: PreparedStatement,
+    pub(crate) read_last_row: PreparedStatement,
+    /// With expiry on, a membership write first reads the TTLs it must not shorten.
+    pub(crate) read_ttls: PreparedStatement,
+    pub(crate) read_version_ttl: PreparedStatement,
     pub(crate) heartbeat: PreparedStatement,
     pub(crate) insert: Batch,
     pub(crate) update: Batch,
@@ -63,6 +67,17 @@ pub(crate) async fn floor(s: &Session, table: &str) -> Res<Floor> {
         read_row_from: prep(
             include_str!("../../cql/read_row_from.cql"),
             Consistency::Serial,
+        )
+        .await?,
+        read_last_row: prep(
+            include_str!("../../cql/read_last_row.cql"),
+            Consistency::Serial,
+        )
+        .await?,
+        read_ttls: prep(include_str!("../../cql/read_ttls.cql"), Consistency::Quorum).await?,
+        read_version_ttl: prep(
+            include_str!("../../cql/read_version_ttl.cql"),
+            Consistency::Quorum,
         )
         .await?,
         heartbeat: prep(include_str!("../../cql/heartbeat.cql"), Consistency::Quorum).await?,

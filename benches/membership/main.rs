@@ -51,9 +51,27 @@ async fn main() -> Res<()> {
         .await?
         .into_rows_result()?
         .rows_num();
-    let paxos = std::env::var("CASSANDRA_PAXOS_VARIANT").unwrap_or_else(|_| "v1".into());
+    // As the node answering says (system_views.settings), not as the environment claims.
+    let paxos = s
+        .query_unpaged(
+            "SELECT value FROM system_views.settings WHERE name = 'paxos_variant'",
+            (),
+        )
+        .await?
+        .into_rows_result()?
+        .maybe_first_row::<(Option<String>,)>()?
+        .and_then(|(v,)| v)
+        .unwrap_or_else(|| "unknown".into());
+    let commit = std::process::Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|c| c.trim().to_owned())
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| "unknown".into());
     r.line(&format!(
-        "Run {} on Apache Cassandra {} ({} node(s), RF {rf}, paxos_variant {paxos} as CASSANDRA_PAXOS_VARIANT says) and the same 2-core machine as the client.",
+        "Run {} of commit {commit} on Apache Cassandra {} ({} node(s), RF {rf}, paxos_variant {paxos}) and the same 2-core machine as the client.",
         Timestamp::now(),
         version.0,
         peers + 1

@@ -99,7 +99,7 @@ pub(crate) async fn run(s: &Arc<Session>, r: &mut Report) -> Res<()> {
         let missing = address(0, 0);
         let missing_key = missing.to_string();
         push(
-            "read_row (absent)",
+            "read_row (absent, a row after the key)",
             ab(
                 200,
                 |_| timed(async { t.read_row(&missing).await.map(|_| ()).map_err(Into::into) }),
@@ -110,6 +110,29 @@ pub(crate) async fn run(s: &Arc<Session>, r: &mut Report) -> Res<()> {
                             (&missing_key, "bench", cluster.as_str(), &missing_key),
                         )
                         .await?;
+                        Ok(())
+                    })
+                },
+            )
+            .await?,
+        );
+        // A missing silo whose key sorts after every stored one: the next row (none), then the last.
+        let last = address(0x00ff_ffff, 0);
+        let last_key = last.to_string();
+        push(
+            "read_row (absent, key after every row)",
+            ab(
+                200,
+                |_| timed(async { t.read_row(&last).await.map(|_| ()).map_err(Into::into) }),
+                |_| {
+                    timed(async {
+                        s.execute_unpaged(
+                            &f.read_row_from,
+                            (&last_key, "bench", cluster.as_str(), &last_key),
+                        )
+                        .await?;
+                        s.execute_unpaged(&f.read_last_row, (&last_key, "bench", cluster.as_str()))
+                            .await?;
                         Ok(())
                     })
                 },
@@ -198,7 +221,12 @@ pub(crate) async fn run(s: &Arc<Session>, r: &mut Report) -> Res<()> {
                     async move {
                         let snap = t.read_row(&e.address).await?;
                         let (row, ver) = (uuid_of(&snap.rows[0].etag), uuid_of(&snap.version.etag));
+                        let key = e.address.to_string();
                         timed(async {
+                            if ttl {
+                                s.execute_unpaged(&f.read_ttls, ("bench", cluster.as_str(), &key))
+                                    .await?;
+                            }
                             let mut vals = entry_values(&cluster, &e, Uuid::new_v4(), wttl);
                             vals.3 = Uuid::new_v4();
                             let upd = update_values(vals, Some(row));
@@ -246,6 +274,10 @@ pub(crate) async fn run(s: &Arc<Session>, r: &mut Report) -> Res<()> {
                     async move {
                         let v = t.read_all().await?.version;
                         timed(async {
+                            if ttl {
+                                s.execute_unpaged(&f.read_version_ttl, ("bench", cluster.as_str()))
+                                    .await?;
+                            }
                             let vals = update_values(
                                 entry_values(&cluster, &e, Uuid::new_v4(), wttl),
                                 None,

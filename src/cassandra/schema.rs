@@ -232,7 +232,7 @@ impl CassandraMembershipTable {
         let o = self.opts();
         let result = self
             .query_bounded(
-                "SELECT column_name, type, kind FROM system_schema.columns WHERE keyspace_name = ? AND table_name = ?",
+                "SELECT column_name, type, kind, clustering_order FROM system_schema.columns WHERE keyspace_name = ? AND table_name = ?",
                 (&o.keyspace, &o.table),
             )
             .await
@@ -241,12 +241,15 @@ impl CassandraMembershipTable {
             .into_rows_result()
             .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?;
         let mut actual = HashMap::new();
+        let mut descending = false;
         for row in rows
-            .rows::<(String, String, String)>()
+            .rows::<(String, String, String, Option<String>)>()
             .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?
         {
-            let (name, ty, kind) = row
+            let (name, ty, kind, order) = row
                 .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?;
+            // The row reads rely on ascending keys (the neighbour of an absent silo).
+            descending |= name == "silo" && order.as_deref() == Some("desc");
             actual.insert(name, (ty, kind));
         }
         let expected: &[(&str, &str, &str)] = &[
@@ -283,6 +286,10 @@ impl CassandraMembershipTable {
             });
         }
         let mut problems = Vec::new();
+        if descending {
+            problems
+                .push("column silo is clustered in descending order, expected ascending".into());
+        }
         for (name, ty, kind) in expected {
             match actual.get(*name) {
                 None => problems.push(format!("column {name} is missing")),

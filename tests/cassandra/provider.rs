@@ -297,6 +297,43 @@ async fn reads_page_through_many_rows_and_stay_consistent() {
     assert!(reads > 0);
 }
 
+/// The row reads find an absent silo's neighbour in ascending key order: a table clustered
+/// the other way round has another shape.
+#[tokio::test]
+async fn a_table_clustered_in_descending_order_is_a_schema_mismatch() {
+    let s = session_with_keyspace().await;
+    let name = unique("desc").replace('-', "_")[..20].to_owned();
+    s.query_unpaged(
+        format!(
+            "CREATE TABLE {KEYSPACE}.{name} (service_id text, cluster_id text, silo text, \
+             version bigint static, version_etag uuid static, \
+             heartbeats map<text, frozen<tuple<timestamp, timestamp>>> static, etag uuid, status int, \
+             suspect_times frozen<list<frozen<tuple<text, timestamp>>>>, proxy_port int, host_name text, \
+             silo_name text, role_name text, update_zone int, fault_zone int, start_time timestamp, \
+             i_am_alive timestamp, PRIMARY KEY ((service_id, cluster_id), silo)) \
+             WITH CLUSTERING ORDER BY (silo DESC)"
+        ),
+        (),
+    )
+    .await
+    .unwrap();
+    s.await_schema_agreement().await.unwrap();
+    let t = table_on(&s, options("c").table(&name));
+    match t.initialize(true).await {
+        Err(MembershipError::SchemaMismatch { detail, .. }) => {
+            assert!(detail.contains("descending"), "{detail}");
+            assert!(
+                !detail.contains("missing"),
+                "only the order differs: {detail}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    s.query_unpaged(format!("DROP TABLE {KEYSPACE}.{name}"), ())
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn a_table_of_another_shape_is_a_schema_mismatch() {
     let s = session_with_keyspace().await;
