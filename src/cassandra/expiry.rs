@@ -228,15 +228,25 @@ impl CassandraMembershipTable {
     /// cluster's partition compare with the configured TTL, and what `patch` would do row by row.
     /// Other clusters' rows are not read.
     pub async fn audit_ttl(&self) -> Result<TtlAudit> {
+        Ok(self.audit_and_plan().await?.0)
+    }
+
+    /// The audit and the partition plan it was made from (`Err(CorruptData)`: the cluster's
+    /// version is damaged and cannot be planned; reported as an unreadable line).
+    async fn audit_and_plan(&self) -> Result<(TtlAudit, Result<PartitionPlan>)> {
         let table_default_ttl = self
             .table_settings()
             .await?
             .map_or(0, |(ttl, _)| ttl.max(0) as u64);
-        let rows = match self.plan_partition(self.pk()).await {
-            Ok(plan) => plan.lines,
+        let plan = match self.plan_partition(self.pk()).await {
+            Err(e) if !matches!(e, MembershipError::CorruptData { .. }) => return Err(e),
+            plan => plan,
+        };
+        let rows = match &plan {
+            Ok(plan) => plan.lines.clone(),
             // A cluster whose version is damaged cannot be planned; report it, touch nothing.
-            Err(MembershipError::CorruptData { reason, .. }) => {
-                warn!(cluster = %self.cluster_id, %reason, "cannot audit a damaged cluster");
+            Err(e) => {
+                warn!(cluster = %self.cluster_id, error = %e, "cannot audit a damaged cluster");
                 vec![RowAudit {
                     service_id: self.service_id().to_owned(),
                     cluster_id: self.cluster_id.clone(),
@@ -245,14 +255,14 @@ impl CassandraMembershipTable {
                     action: PatchAction::Unreadable,
                 }]
             }
-            Err(e) => return Err(e),
         };
-        Ok(TtlAudit {
+        let audit = TtlAudit {
             table: self.shared.qualified.clone(),
             table_default_ttl,
             configured_ttl: self.opts().ttl_seconds().unwrap_or(0),
             rows,
-        })
+        };
+        Ok((audit, plan))
     }
 
     /// One paged plain read of the partition's tags and TTLs.
@@ -548,8 +558,10 @@ impl CassandraMembershipTable {
 
     /// Decides, at `initialize`, what to do about a table or partition that disagrees with the
     /// configuration, and records what the table value learnt for its own writes.
-    pub(super) async fn reconcile_ttl(&self) -> Result<()> {
-        let audit = self.audit_ttl().await?;
+    /// Returns whether the cluster's version was there when its partition was read (a serial
+    /// read), so `initialize` need not race other starting silos to create it.
+    pub(super) async fn reconcile_ttl(&self) -> Result<bool> {
+        let (audit, mut plan) = self.audit_and_plan().await?;
         if !audit.agrees() {
             match self.opts().ttl_mismatch {
                 super::TtlMismatchPolicy::Throw => {
@@ -570,12 +582,17 @@ impl CassandraMembershipTable {
                         "the table's TTL settings disagree with the configuration; ttl_mismatch = allow leaves them as they are, new writes use the configured TTL"
                     );
                 }
-                super::TtlMismatchPolicy::Patch => self.patch_ttl(&audit).await?,
+                super::TtlMismatchPolicy::Patch => {
+                    self.patch_ttl(&audit).await?;
+                    // The patch changed what stays: plan again.
+                    plan = self.plan_partition(self.pk()).await;
+                }
             }
         }
-        // What stays now decides the version's TTL and whether storage covers cleanup.
-        match self.plan_partition(self.pk()).await {
+        // What stays decides the version's TTL and whether storage covers cleanup.
+        match plan {
             Ok(plan) => {
+                let version_present = plan.read.version_etag.is_some();
                 let open = plan
                     .lines
                     .iter()
@@ -589,16 +606,17 @@ impl CassandraMembershipTable {
                 self.expiry_state
                     .covered
                     .store(!plan.leftovers && !open, Ordering::Relaxed);
+                Ok(version_present)
             }
             Err(MembershipError::CorruptData { .. }) => {
                 self.expiry_state
                     .unbounded_rows
                     .store(true, Ordering::Relaxed);
                 self.expiry_state.covered.store(false, Ordering::Relaxed);
+                Ok(false)
             }
-            Err(e) => return Err(e),
+            Err(e) => Err(e),
         }
-        Ok(())
     }
 
     async fn patch_ttl(&self, audit: &TtlAudit) -> Result<()> {

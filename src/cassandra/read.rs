@@ -1,4 +1,5 @@
-//! Linearizable reads: the statics, paged partition reads with a cross-page version check, single rows.
+//! Linearizable reads: paged partition reads whose rows carry the version (checked across pages),
+//! single rows and their neighbours.
 
 use std::collections::HashMap;
 use std::time::Instant;

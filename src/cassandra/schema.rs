@@ -65,8 +65,12 @@ impl CassandraMembershipTable {
                 Err(e) => return Err(e),
             }
         };
-        self.reconcile_ttl().await?;
-        if !try_init_version {
+        let version_present = self.reconcile_ttl().await?;
+        // A version seen by the serial read above needs no conditional insert: skipping it spares
+        // every silo after the first a Paxos round that races the joins of the others. (Should
+        // it expire or be deleted right after, the next insert expects no version: as after any
+        // expiry.)
+        if !try_init_version || version_present {
             return Ok(());
         }
         let values = InitVersionValues {

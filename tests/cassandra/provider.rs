@@ -414,6 +414,29 @@ async fn heartbeats_within_a_lease_are_one_plain_write() {
     );
 }
 
+/// A silo starting in a cluster whose version exists races nobody for it: no conditional write.
+#[tokio::test]
+async fn initialize_writes_the_version_only_when_it_is_missing() {
+    let (_, t) = ready(&unique("init-once")).await;
+    let again = t.for_cluster(t.cluster_id().to_owned()).unwrap();
+    let before = again.statement_counts();
+    again.initialize(true).await.unwrap();
+    assert_eq!(
+        again.statement_counts().conditional_writes - before.conditional_writes,
+        0,
+        "the version exists"
+    );
+    let fresh = t.for_cluster(unique("init-once-new")).unwrap();
+    let before = fresh.statement_counts();
+    fresh.initialize(true).await.unwrap();
+    assert_eq!(
+        fresh.statement_counts().conditional_writes - before.conditional_writes,
+        1,
+        "the first silo creates the version"
+    );
+    assert!(!fresh.read_all().await.unwrap().version.etag.is_absent());
+}
+
 /// What each operation costs, by statement kind (the README's "Costs" table).
 #[tokio::test]
 async fn statement_costs_per_operation() {
