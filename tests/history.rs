@@ -133,7 +133,9 @@ async fn a_backend_that_drops_the_version_condition_is_caught() {
         .await;
         let verdict = history.check().unwrap();
         if !verdict.linearizable {
-            assert!(verdict.operations > 5, "round {round}: {verdict:?}");
+            // A lost update shows in a handful of operations (two inserts against one version and
+            // a read): a slow round may hold no more, and is still proof.
+            assert!(verdict.operations >= 2, "round {round}: {verdict:?}");
             eprintln!("caught in round {round}: {verdict:?}");
             return;
         }
