@@ -124,11 +124,11 @@ pub(super) struct ExpiryState {
 /// One row of `audit_partition.cql`.
 #[derive(DeserializeRow)]
 pub(super) struct ScanRow {
-    silo: Option<String>,
+    pub(super) silo: Option<String>,
     etag: Option<Uuid>,
-    etag_ttl: Option<i32>,
+    pub(super) etag_ttl: Option<i32>,
     version_etag: Option<Uuid>,
-    version_ttl: Option<i32>,
+    pub(super) version_ttl: Option<i32>,
     version_written: Option<i64>,
 }
 

@@ -2,7 +2,8 @@
 //! with the time they have left before storage-side expiry.
 //!
 //! Entries and the version come from the provider's own linearizable partition read; the
-//! remaining TTLs come from one extra plain read of `TTL(...)`, matched to entries by silo key.
+//! remaining TTLs come from the TTL audit's plain scan of the partition (`audit_partition.cql`),
+//! matched to entries by silo key.
 //! The two are not one snapshot: an entry rewritten in between shows its new TTL, which is
 //! what an operator wants to see anyway.
 
@@ -10,20 +11,12 @@ use std::time::Duration;
 
 use scylla::DeserializeRow;
 use scylla::response::{PagingState, PagingStateResponse};
-use scylla::statement::Consistency;
-use scylla::statement::prepared::PreparedStatement;
 use tracing::{Span, instrument};
 
-use super::driver_errors::to_error;
-use super::options::ConsistencyProfile;
-use super::statements::bind_table;
+use super::CassandraMembershipTable;
 use super::values::Pk;
-use super::{CassandraMembershipTable, bump};
 use crate::error::{MembershipError, Result};
 use crate::model::{ETag, MembershipEntry, SiloStatus, TableVersion, Timestamp};
-
-const LIST_CLUSTERS: &str = include_str!("../../cql/list_clusters.cql");
-const INSPECT_TTLS: &str = include_str!("../../cql/inspect_ttls.cql");
 
 /// One entry of a cluster as an operator sees it: the entry (with its latest heartbeat merged
 /// in), its row tag, and how long storage keeps it.
@@ -90,13 +83,6 @@ struct ClusterKeyRow {
     cluster_id: Option<String>,
 }
 
-#[derive(DeserializeRow)]
-struct TtlRow {
-    silo: Option<String>,
-    etag_ttl: Option<i32>,
-    version_ttl: Option<i32>,
-}
-
 /// A TTL as Cassandra reports it: null or non-positive means none.
 fn ttl_of(ttl: Option<i32>) -> Option<u32> {
     ttl.and_then(|t| u32::try_from(t).ok()).filter(|&t| t > 0)
@@ -107,16 +93,13 @@ impl CassandraMembershipTable {
     /// order. One paged scan of partition keys (a plain read, at the commit level).
     #[instrument(level = "info", skip(self), fields(table = %self.shared.qualified, clusters))]
     pub async fn list_clusters(&self) -> Result<Vec<(String, String)>> {
-        let statement = self.prepare_inspect(LIST_CLUSTERS, "list_clusters").await?;
+        let st = self.statements().await?;
         let mut out = Vec::new();
         let mut paging = PagingState::start();
         loop {
-            bump(&self.shared.counters.reads);
             let (result, next) = self
-                .session_ref()
-                .execute_single_page(&statement, (), paging)
-                .await
-                .map_err(|e| to_error("list_clusters", e))?;
+                .read_page("list_clusters", &st.list_clusters, (), paging, false)
+                .await?;
             let rows = result
                 .into_rows_result()
                 .map_err(|e| MembershipError::corrupt(None, format!("cluster listing: {e}")))?;
@@ -170,7 +153,7 @@ impl CassandraMembershipTable {
         };
         let read = self.read_partition(pk).await?;
         let read_at = Timestamp::now();
-        let ttls = self.read_ttls(pk).await?;
+        let ttls = self.scan_partition(pk).await?;
         let version_ttl_seconds = ttls.first().and_then(|r| ttl_of(r.version_ttl));
         let snapshot = read.snapshot();
         let entries: Vec<EntryInspection> = snapshot
@@ -210,64 +193,5 @@ impl CassandraMembershipTable {
             unreadable,
             read_at,
         })
-    }
-
-    async fn read_ttls(&self, pk: Pk<'_>) -> Result<Vec<TtlRow>> {
-        let statement = self.prepare_inspect(INSPECT_TTLS, "inspect").await?;
-        let mut out = Vec::new();
-        let mut paging = PagingState::start();
-        loop {
-            bump(&self.shared.counters.reads);
-            let (result, next) = self
-                .session_ref()
-                .execute_single_page(&statement, pk, paging)
-                .await
-                .map_err(|e| to_error("inspect", e))?;
-            let rows = result
-                .into_rows_result()
-                .map_err(|e| MembershipError::corrupt(None, format!("TTL read: {e}")))?;
-            for row in rows.rows::<TtlRow>().map_err(|e| self.shape_error(e))? {
-                out.push(row.map_err(|e| self.shape_error(e))?);
-            }
-            match next {
-                PagingStateResponse::HasMorePages { state } => paging = state,
-                PagingStateResponse::NoMorePages => return Ok(out),
-            }
-        }
-    }
-
-    /// Prepares an inspection statement on demand: operators' reads are rare, so they do not
-    /// join the statements every silo prepares at start.
-    async fn prepare_inspect(
-        &self,
-        cql: &'static str,
-        operation: &'static str,
-    ) -> Result<PreparedStatement> {
-        let o = self.opts();
-        let mut p = self
-            .session_ref()
-            .prepare(bind_table(cql, &self.shared.qualified))
-            .await
-            .map_err(|e| match e {
-                // Preparing fails when the table is missing or has another shape.
-                scylla::errors::PrepareError::AllAttemptsFailed { .. } => {
-                    MembershipError::SchemaMismatch {
-                        table: self.shared.qualified.clone(),
-                        detail: format!("the inspection statements do not prepare: {e}"),
-                    }
-                }
-                other => MembershipError::Unavailable {
-                    operation,
-                    source: Box::new(other),
-                },
-            })?;
-        p.set_consistency(match o.consistency {
-            ConsistencyProfile::Quorum => Consistency::Quorum,
-            ConsistencyProfile::LocalQuorum => Consistency::LocalQuorum,
-        });
-        p.set_request_timeout(Some(o.request_timeout));
-        p.set_page_size(i32::try_from(o.page_size).unwrap_or(i32::MAX));
-        p.set_is_idempotent(true);
-        Ok(p)
     }
 }

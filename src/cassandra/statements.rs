@@ -34,6 +34,7 @@ const READ_HEARTBEATS: &str = include_str!("../../cql/read_heartbeats.cql");
 const READ_HEARTBEAT_VALUES: &str = include_str!("../../cql/read_heartbeat_values.cql");
 const READ_TTLS: &str = include_str!("../../cql/read_ttls.cql");
 const READ_VERSION_TTL: &str = include_str!("../../cql/read_version_ttl.cql");
+const LIST_CLUSTERS: &str = include_str!("../../cql/list_clusters.cql");
 
 /// Double-quotes a name that `validate_identifier` accepted (so it holds no quote to escape).
 pub(crate) fn quote(name: &str) -> String {
@@ -131,6 +132,8 @@ pub(crate) struct Statements {
     pub(crate) read_ttls: PreparedStatement,
     /// The version's current TTL (commit level), before an insert with expiry on.
     pub(crate) read_version_ttl: PreparedStatement,
+    /// Every partition key of the table (commit level, paged): the operators' cluster listing.
+    pub(crate) list_clusters: PreparedStatement,
     profile: ConsistencyProfile,
 }
 
@@ -215,6 +218,7 @@ impl Statements {
             read_heartbeat_values: idempotent(prep(READ_HEARTBEAT_VALUES, commit).await?),
             read_ttls: idempotent(prep(READ_TTLS, commit).await?),
             read_version_ttl: idempotent(prep(READ_VERSION_TTL, commit).await?),
+            list_clusters: idempotent(prep(LIST_CLUSTERS, commit).await?),
             profile,
         })
     }
