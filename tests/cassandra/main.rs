@@ -9,6 +9,7 @@ mod cassandra_only;
 mod conformance;
 mod contention;
 mod expiry;
+mod expiry_faults;
 mod expiry_mixed;
 mod expiry_policy;
 mod faults;

@@ -198,3 +198,68 @@ async fn an_unresolvable_outcome_is_reported_as_unknown() {
     drop(table);
     drop(proxy);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_provably_lost_to_another_at_its_version_answers_false() {
+    let (mut proxy, table) = proxied(&unique("provably-lost")).await;
+    let other = table.for_cluster(table.cluster_id().to_owned()).unwrap();
+    let (a, b) = (new_entry(Timestamp::now()), new_entry(Timestamp::now()));
+    let v = table.read_all().await.unwrap().version;
+    assert!(table.insert_row(&a, &v.next()).await.unwrap());
+    let v = table.read_all().await.unwrap().version;
+    assert!(table.insert_row(&b, &v.next()).await.unwrap());
+    let s = table.read_all().await.unwrap();
+    let row = |e: &cassandra_membership::MembershipEntry| {
+        s.rows
+            .iter()
+            .find(|r| r.entry.address == e.address)
+            .unwrap()
+            .clone()
+    };
+    let (row_a, row_b) = (row(&a), row(&b));
+    // Our update of a never reaches the node: a CAS timeout is forged after 800 ms. Meanwhile
+    // another silo updates b at the same version and wins the step.
+    proxy.running_nodes[0].change_request_rules(Some(vec![RequestRule(
+        Condition::RequestOpcode(RequestOpcode::Batch)
+            .and(Condition::BodyContainsCaseSensitive(
+                a.address.to_string().into_bytes().into(),
+            ))
+            .and(Condition::TrueForLimitedTimes(1)),
+        RequestReaction::forge_with_error_lazy_delay(
+            Box::new(cas_write_timeout),
+            Some(Duration::from_millis(800)),
+        ),
+    )]));
+    let mut changed_a = row_a.entry.clone();
+    changed_a.status = cassandra_membership::SiloStatus::Dead;
+    let mut changed_b = row_b.entry.clone();
+    changed_b.status = cassandra_membership::SiloStatus::Dead;
+    let version = s.version.clone();
+    let racer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        other
+            .update_row(&changed_b, &row_b.etag, &version.next())
+            .await
+    });
+    let ours = table
+        .update_row(&changed_a, &row_a.etag, &s.version.next())
+        .await;
+    assert!(racer.await.unwrap().unwrap(), "the other write wins");
+    match ours {
+        Ok(false) => {}
+        other => panic!(
+            "the version moved one step with another tag and a still shows the tag we expected: provably lost, got {other:?}"
+        ),
+    }
+    let after = table.read_all().await.unwrap();
+    assert_eq!(after.version.version, s.version.version + 1);
+    assert!(
+        after
+            .rows
+            .iter()
+            .any(|r| r.entry.address == a.address && r.etag == row_a.etag),
+        "a is unchanged"
+    );
+    drop(table);
+    drop(proxy);
+}
