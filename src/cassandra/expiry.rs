@@ -104,6 +104,14 @@ impl TtlAudit {
     pub fn disagreeing(&self) -> u64 {
         self.rows.len() as u64
     }
+
+    /// True when the table default agrees and only the cluster's version (not an entry)
+    /// disagrees: a state the provider repairs by itself at `initialize`, whatever the policy.
+    pub fn only_the_version_disagrees(&self) -> bool {
+        self.table_default_ttl == self.configured_ttl
+            && !self.rows.is_empty()
+            && self.rows.iter().all(|r| r.silo.is_none())
+    }
 }
 
 /// What a table value knows of its partition's expiry, from its last audit or scan.
@@ -211,7 +219,7 @@ impl CassandraMembershipTable {
     /// The version's TTL for a write that gives a row `row_ttl` and finds the version with
     /// `current`: never shorter than the version has or than any row, none while any row has
     /// none.
-    fn version_ttl_over(&self, current: Option<i32>, row_ttl: i32) -> i32 {
+    pub(super) fn version_ttl_over(&self, current: Option<i32>, row_ttl: i32) -> i32 {
         let floor = self.version_ttl();
         match current {
             Some(v) if row_ttl > 0 && floor > 0 => v.max(row_ttl).max(floor),
@@ -309,13 +317,16 @@ impl CassandraMembershipTable {
         Ok(scan)
     }
 
-    /// The TTLs a renewal (with expiry on) gives the silo's own row and the version.
+    /// The TTLs a renewal (with expiry on) gives the silo's own row and the version; `None`
+    /// when the row is gone meanwhile (the renewal reads it again).
     ///
     /// The partition is scanned at most once per renewal interval per table value; in between,
     /// one plain read of the row's and version's TTLs. A version without TTL gets one only from
-    /// a fresh scan that finds every row with a TTL. A scan or read that fails never stops the
-    /// renewal: the version then keeps no TTL (the safe side) and the next interval scans again.
-    pub(super) async fn renewal_ttls(&self, silo: &str) -> (i32, i32) {
+    /// a fresh scan that finds every row with a TTL. A read that fails fails the renewal: a
+    /// renewal that does not know the TTLs it would overwrite writes nothing (the heartbeat is
+    /// still published, and the next one renews). A failed scan teaches nothing about the
+    /// partition: the renewal reads its own TTLs instead, and the next one scans again.
+    pub(super) async fn renewal_ttls(&self, silo: &str) -> Result<Option<(i32, i32)>> {
         let w = self.write_ttl();
         let renewal = Duration::from_secs(self.opts().renewal_seconds());
         let due = {
@@ -330,44 +341,40 @@ impl CassandraMembershipTable {
             }
             due
         };
-        let (row, version) = if due {
+        if due {
             match self.refresh_expiry_state().await {
                 Ok(scan) => {
                     let version = scan
                         .iter()
                         .find(|r| r.version_etag.is_some())
                         .and_then(|r| r.version_ttl);
-                    let row = scan
-                        .iter()
-                        .find(|r| r.silo.as_deref() == Some(silo))
-                        .and_then(|r| r.etag_ttl);
+                    let Some(row) = scan.iter().find(|r| r.silo.as_deref() == Some(silo)) else {
+                        return Ok(None);
+                    };
                     // A fresh scan: a version without TTL may get one if every row has one.
-                    let row_ttl = row.map_or(w, |t| t.max(w));
+                    let row_ttl = row.etag_ttl.map_or(w, |t| t.max(w));
                     let version = version.or(Some(0));
-                    return (row_ttl, self.version_ttl_over(version, row_ttl));
+                    return Ok(Some((row_ttl, self.version_ttl_over(version, row_ttl))));
                 }
                 Err(e) => {
-                    warn!(cluster = %self.cluster_id, error = %e, "cannot scan the partition's TTLs; renewing with the version kept without TTL");
-                    self.expiry_state
-                        .unbounded_rows
-                        .store(true, Ordering::Relaxed);
-                    self.expiry_state.covered.store(false, Ordering::Relaxed);
-                    return (w, 0);
+                    warn!(cluster = %self.cluster_id, error = %e, "cannot scan the partition's TTLs; this renewal reads its own, the next one scans again");
+                    *self
+                        .expiry_state
+                        .scanned_at
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = None;
                 }
             }
-        } else {
-            match self.read_row_ttls("update_i_am_alive", silo).await {
-                Ok(Some(ttls)) => ttls,
-                Ok(None) | Err(_) => return (w, 0),
-            }
+        }
+        let Some((row, version)) = self.read_row_ttls("update_i_am_alive", silo).await? else {
+            return Ok(None);
         };
         // Its own row: this silo renews it, so a row without TTL gets one.
         let row_ttl = row.map_or(w, |t| t.max(w));
-        (row_ttl, self.version_ttl_over(version, row_ttl))
+        Ok(Some((row_ttl, self.version_ttl_over(version, row_ttl))))
     }
 
-    /// `read_ttls.cql`: the TTLs a row and the version carry now (`None`: no row, or an answer
-    /// of an unexpected shape).
+    /// `read_ttls.cql`: the TTLs a row and the version carry now (`None`: no row).
     pub(super) async fn read_row_ttls(
         &self,
         operation: &'static str,
@@ -386,9 +393,10 @@ impl CassandraMembershipTable {
                 false,
             )
             .await?;
-        Ok(r.into_rows_result()
-            .ok()
-            .and_then(|r| r.maybe_first_row().ok().flatten()))
+        let rows = r.into_rows_result().map_err(|e| {
+            MembershipError::corrupt(Some(silo), format!("TTL read returned no rows: {e}"))
+        })?;
+        rows.maybe_first_row().map_err(|e| self.shape_error(e))
     }
 
     /// The TTLs a membership write gives the row and the version. With expiry on, a write never
@@ -399,21 +407,14 @@ impl CassandraMembershipTable {
         if self.opts().ttl_seconds().is_none() {
             return Ok((0, 0));
         }
-        let st = self.statements().await?;
         let w = self.write_ttl();
         if insert {
-            let r = self
-                .exec_read("insert_row", &st.read_version_ttl, self.pk(), false)
-                .await?;
-            let row: Option<(Option<Uuid>, Option<i32>)> = r
-                .into_rows_result()
-                .ok()
-                .and_then(|r| r.maybe_first_row().ok().flatten());
-            let version = match row {
-                Some((Some(_), current)) => self.version_ttl_over(current, w),
-                _ => 0,
-            };
-            return Ok((w, version));
+            // No version yet: the insert creates it, with the TTL a new version gets.
+            let current = self
+                .read_version_ttl("insert_row")
+                .await?
+                .unwrap_or(Some(0));
+            return Ok((w, self.version_ttl_over(current, w)));
         }
         Ok(match self.read_row_ttls("update_row", silo).await? {
             Some((row_ttl, version_ttl)) => {
@@ -561,8 +562,18 @@ impl CassandraMembershipTable {
     /// Returns whether the cluster's version was there when its partition was read (a serial
     /// read), so `initialize` need not race other starting silos to create it.
     pub(super) async fn reconcile_ttl(&self) -> Result<bool> {
-        let (audit, mut plan) = self.audit_and_plan().await?;
-        if !audit.agrees() {
+        let (audit, plan) = self.audit_and_plan().await?;
+        // A damaged version is corrupt data under every policy: no policy writes over it (that
+        // would restart the version, or invent one).
+        let mut plan = Ok(plan?);
+        if !audit.agrees() && audit.only_the_version_disagrees() {
+            // The version's TTL alone is what the provider's own protocol can leave behind (a
+            // fence or a failed renewal of an earlier release, a rolling change of settings): it
+            // is repaired under every policy, touching no entry.
+            info!(table = %audit.table, cluster = %self.cluster_id, "giving the table version the TTL its rows imply");
+            self.patch_partition(self.pk()).await?;
+            plan = self.plan_partition(self.pk()).await;
+        } else if !audit.agrees() {
             match self.opts().ttl_mismatch {
                 super::TtlMismatchPolicy::Throw => {
                     return Err(MembershipError::TtlMismatch {

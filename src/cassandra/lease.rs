@@ -116,7 +116,10 @@ impl CassandraMembershipTable {
             };
             let version_etag = parse_etag(&version.etag).flatten();
             let (row_ttl, version_ttl, new_version_etag) = if ttl_on {
-                let (row, version) = self.renewal_ttls(&key).await;
+                // A renewal that cannot read the TTLs it would overwrite writes nothing.
+                let Some((row, version)) = self.renewal_ttls(&key).await? else {
+                    continue; // the row went away meanwhile: read again
+                };
                 (row, version, version_etag)
             } else {
                 // Expiry off: this silo never renews a TTL, so its row and the version must

@@ -17,6 +17,7 @@ mod rows;
 mod schema;
 mod statements;
 mod values;
+mod version;
 mod write;
 
 use std::collections::HashMap;

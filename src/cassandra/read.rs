@@ -217,6 +217,8 @@ impl CassandraMembershipTable {
             let heartbeats = heartbeats?;
             let mut entries = Vec::new();
             let mut empty_rows = Vec::new();
+            // Clustering rows of any kind (entries, markers, damaged rows): the partition lives.
+            let mut silo_rows = 0usize;
             let mut consistent = true;
             while let Some((result, next)) = page.take() {
                 let rows = result.into_rows_result().map_err(|e| {
@@ -240,6 +242,7 @@ impl CassandraMembershipTable {
                     if row.silo.is_none() {
                         continue; // the partition's static row: no entry
                     }
+                    silo_rows += 1;
                     if row.is_empty() {
                         empty_rows.extend(row.silo);
                         continue;
@@ -266,6 +269,11 @@ impl CassandraMembershipTable {
             if consistent {
                 // No row at all: the partition does not exist (no version yet, or deleted).
                 let (version, version_etag) = view.unwrap_or((None, None));
+                if silo_rows > 0 && version.is_none() && version_etag.is_none() {
+                    // Rows outlived their version: answering it absent would restart it at 1.
+                    self.recover_lost_version(pk).await?;
+                    continue;
+                }
                 return Ok(PartitionRead {
                     version: decode_version(version, version_etag)?,
                     version_etag,
@@ -300,36 +308,49 @@ impl CassandraMembershipTable {
         } else {
             &st.read_row_quorum
         };
-        let result = self
-            .exec_read(
-                "read_row",
-                statement,
-                ReadRowValues {
-                    heartbeat_key: &key,
-                    service_id: self.service_id(),
-                    cluster_id: &self.cluster_id,
-                    silo: &key,
-                },
-                serial,
-            )
-            .await?;
-        let rows = result.into_rows_result().map_err(|e| {
-            MembershipError::corrupt(Some(&key), format!("read returned no rows result: {e}"))
-        })?;
-        let Some(row) = rows
-            .maybe_first_row::<EntryWithStaticsRow>()
-            .map_err(|e| self.shape_error(e))?
-        else {
-            return Ok(None);
-        };
-        let (row, heartbeat) = row.split();
-        if row.is_empty() {
-            return Ok(None); // only a row marker is left: no entry (an insert may take the key)
+        // A second read only after re-creating a lost version.
+        for _ in 0..2 {
+            let result = self
+                .exec_read(
+                    "read_row",
+                    statement,
+                    ReadRowValues {
+                        heartbeat_key: &key,
+                        service_id: self.service_id(),
+                        cluster_id: &self.cluster_id,
+                        silo: &key,
+                    },
+                    serial,
+                )
+                .await?;
+            let rows = result.into_rows_result().map_err(|e| {
+                MembershipError::corrupt(Some(&key), format!("read returned no rows result: {e}"))
+            })?;
+            let Some(row) = rows
+                .maybe_first_row::<EntryWithStaticsRow>()
+                .map_err(|e| self.shape_error(e))?
+            else {
+                return Ok(None);
+            };
+            let (row, heartbeat) = row.split();
+            if row.is_empty() {
+                return Ok(None); // only a row marker is left: no entry (an insert may take the key)
+            }
+            if row.version.is_none() && row.version_etag.is_none() {
+                // The row outlived its version: re-create it (never backwards), then read again.
+                self.recover_lost_version(self.pk()).await?;
+                continue;
+            }
+            let version = decode_version(row.version, row.version_etag)?;
+            let stored = decode_entry(row)
+                .map_err(|(_, reason)| MembershipError::corrupt(Some(&key), reason))?;
+            return Ok(Some((stored, version, heartbeat)));
         }
-        let version = decode_version(row.version, row.version_etag)?;
-        let stored = decode_entry(row)
-            .map_err(|(_, reason)| MembershipError::corrupt(Some(&key), reason))?;
-        Ok(Some((stored, version, heartbeat)))
+        Err(MembershipError::Contention {
+            operation: "read_row",
+            attempts: 2,
+            elapsed: std::time::Duration::ZERO,
+        })
     }
 
     /// `read_row`: the entry with the version, or the version alone, as one linearizable view.
@@ -350,6 +371,10 @@ impl CassandraMembershipTable {
                 silo: &key,
             };
             if let Some(row) = self.read_one_of(&st.read_row_from, from, &key).await? {
+                if lost_version(&row) {
+                    self.recover_lost_version(self.pk()).await?;
+                    continue;
+                }
                 return self.row_view(row, &key);
             }
             // Nothing at or after the key a moment ago. The last row now (or the static row of a
@@ -369,6 +394,9 @@ impl CassandraMembershipTable {
                 }
                 Some(row) if row.silo.as_deref().is_some_and(|s| s > key.as_str()) => {
                     debug!(silo = %key, "a row sorting after the silo appeared; reading again");
+                }
+                Some(row) if lost_version(&row) => {
+                    self.recover_lost_version(self.pk()).await?;
                 }
                 Some(row) => return self.row_view(row, &key),
             }
@@ -411,6 +439,11 @@ impl CassandraMembershipTable {
             decode_entry(row).map_err(|(_, reason)| MembershipError::corrupt(Some(key), reason))?;
         Ok(found(stored, version, heartbeat))
     }
+}
+
+/// A clustering row whose partition has no version: rows outlived it.
+fn lost_version(row: &EntryWithStaticsRow) -> bool {
+    row.silo.is_some() && row.version.is_none() && row.version_etag.is_none()
 }
 
 /// A snapshot holding one entry, its heartbeat merged in.

@@ -18,6 +18,10 @@ struct VersionedWrite<'a> {
     operation: &'static str,
     entry: &'a MembershipEntry,
     expected_version: Option<Uuid>,
+    /// The row tag an update expects (`None` for an insert).
+    expected_row: Option<Uuid>,
+    /// The version number the write moves the table to.
+    new_version: i64,
     new_row_etag: Uuid,
     new_version_etag: Uuid,
 }
@@ -105,6 +109,27 @@ fn cas_reply(result: scylla::response::query_result::QueryResult) -> Result<CasR
 
 fn applied(result: scylla::response::query_result::QueryResult) -> Result<bool> {
     cas_reply(result).map(|r| r.applied)
+}
+
+impl VersionedWrite<'_> {
+    /// True when a serial re-read that shows neither our tags nor the version tag we expected
+    /// proves that the write never applied (and, its expected tag being gone for good, never
+    /// will). Tags are random and issued once, and only a write that moves the version gives a
+    /// row a new tag, so:
+    /// - an update whose row still carries the tag it expected never applied (it would have
+    ///   replaced it);
+    /// - a row carrying another tag at the very version the write would have created was written
+    ///   by another writer that took that step (ours would have left our tag there).
+    ///
+    /// A missing row proves nothing (a defunct cleanup may have removed it since).
+    fn provably_lost(&self, row_etag: Option<Uuid>, current_version: Option<i64>) -> bool {
+        match row_etag {
+            Some(tag) if tag == self.new_row_etag => false,
+            Some(tag) if Some(tag) == self.expected_row => true,
+            Some(_) => current_version == Some(self.new_version),
+            None => false,
+        }
+    }
 }
 
 impl CassandraMembershipTable {
@@ -248,6 +273,8 @@ impl CassandraMembershipTable {
             operation,
             entry,
             expected_version: expected,
+            expected_row,
+            new_version: version,
             new_row_etag,
             new_version_etag,
         };
@@ -332,6 +359,10 @@ impl CassandraMembershipTable {
                 )),
             };
         }
+        if w.provably_lost(found.as_ref().map(|(etag, _)| *etag), current_version) {
+            info!(operation, silo = %address, "ambiguous conditional write lost to another write at its version");
+            return Ok(false);
+        }
         Err(unknown(
             "the table changed since; whether this write applied cannot be told".into(),
             err,
@@ -356,16 +387,26 @@ impl CassandraMembershipTable {
             source: err,
         };
         let st = self.statements().await?;
-        // The fence keeps the version number: readers see the same version and entries. It
-        // writes the version without TTL: it does not know the TTL the version carries, and must
-        // never shorten it (a renewal's scan gives it its TTL back).
+        // The fence keeps the version number (readers see the same version and entries) and
+        // the version's TTL: it never lowers or removes it. Without the TTL read, no fence.
+        let ttl = match self.fence_ttl().await {
+            Ok(ttl) => ttl,
+            Err(read_err) => {
+                return Err(unknown(
+                    format!(
+                        "the version's TTL could not be read, so the provider does not rewrite the version to settle this write: {read_err}"
+                    ),
+                    err,
+                ));
+            }
+        };
         let fence_etag = Uuid::new_v4();
         let values = self.version_values_in(
             self.pk(),
             current_version,
             fence_etag,
             w.expected_version,
-            0,
+            ttl,
         );
         match self.exec_cas(&st.write_version, values).await {
             // `[applied] = false` showing the fence's own fresh tag: Paxos completed the fence's
