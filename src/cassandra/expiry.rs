@@ -31,9 +31,7 @@ use super::options::MAX_TTL_SECONDS;
 use super::read::PartitionRead;
 use super::rows::merge_heartbeat;
 use super::statements::alter_table_ttl_cql;
-use super::values::{
-    DeleteEntryValues, DeleteStaticsValues, InitVersionValues, Pk, SiloKey, UpdateEntryValues,
-};
+use super::values::{DeleteEntryValues, DeleteStaticsValues, Pk, SiloKey, UpdateEntryValues};
 use crate::error::{MembershipError, Result};
 use crate::model::{SiloStatus, Timestamp};
 
@@ -133,7 +131,7 @@ pub(super) struct ExpiryState {
 #[derive(DeserializeRow)]
 pub(super) struct ScanRow {
     pub(super) silo: Option<String>,
-    etag: Option<Uuid>,
+    pub(super) etag: Option<Uuid>,
     pub(super) etag_ttl: Option<i32>,
     version_etag: Option<Uuid>,
     pub(super) version_ttl: Option<i32>,
@@ -669,22 +667,10 @@ impl CassandraMembershipTable {
             let read = &plan.read;
             let Some(version_etag) = read.version_etag else {
                 if plan.lines.iter().any(|l| l.silo.is_none()) {
-                    // Rows without a version: write one, then plan again with it.
-                    let ttl = match plan.lines.iter().find(|l| l.silo.is_none()) {
-                        Some(RowAudit {
-                            action: PatchAction::Rewrite { ttl_seconds },
-                            ..
-                        }) => *ttl_seconds as i32,
-                        _ => 0,
-                    };
-                    let values = InitVersionValues {
-                        ttl,
-                        new_version_etag: Uuid::new_v4(),
-                        service_id: pk.service_id,
-                        cluster_id: pk.cluster_id,
-                    };
-                    settle(self.exec_conditional(&st.init_version, values).await)?;
-                    continue;
+                    // Rows without a version: re-create it (above any earlier number), plan again.
+                    if self.recover_lost_version(pk).await? {
+                        continue;
+                    }
                 }
                 break;
             };

@@ -269,9 +269,12 @@ impl CassandraMembershipTable {
             if consistent {
                 // No row at all: the partition does not exist (no version yet, or deleted).
                 let (version, version_etag) = view.unwrap_or((None, None));
-                if silo_rows > 0 && version.is_none() && version_etag.is_none() {
+                if silo_rows > 0
+                    && version.is_none()
+                    && version_etag.is_none()
+                    && self.recover_lost_version(pk).await?
+                {
                     // Rows outlived their version: answering it absent would restart it at 1.
-                    self.recover_lost_version(pk).await?;
                     continue;
                 }
                 return Ok(PartitionRead {
@@ -336,9 +339,11 @@ impl CassandraMembershipTable {
             if row.is_empty() {
                 return Ok(None); // only a row marker is left: no entry (an insert may take the key)
             }
-            if row.version.is_none() && row.version_etag.is_none() {
-                // The row outlived its version: re-create it (never backwards), then read again.
-                self.recover_lost_version(self.pk()).await?;
+            if row.version.is_none()
+                && row.version_etag.is_none()
+                && self.recover_lost_version(self.pk()).await?
+            {
+                // The row outlived its version: re-created (never backwards); read again.
                 continue;
             }
             let version = decode_version(row.version, row.version_etag)?;
@@ -371,8 +376,7 @@ impl CassandraMembershipTable {
                 silo: &key,
             };
             if let Some(row) = self.read_one_of(&st.read_row_from, from, &key).await? {
-                if lost_version(&row) {
-                    self.recover_lost_version(self.pk()).await?;
+                if lost_version(&row) && self.recover_lost_version(self.pk()).await? {
                     continue;
                 }
                 return self.row_view(row, &key);
@@ -395,9 +399,7 @@ impl CassandraMembershipTable {
                 Some(row) if row.silo.as_deref().is_some_and(|s| s > key.as_str()) => {
                     debug!(silo = %key, "a row sorting after the silo appeared; reading again");
                 }
-                Some(row) if lost_version(&row) => {
-                    self.recover_lost_version(self.pk()).await?;
-                }
+                Some(row) if lost_version(&row) && self.recover_lost_version(self.pk()).await? => {}
                 Some(row) => return self.row_view(row, &key),
             }
         }

@@ -63,36 +63,37 @@ impl CassandraMembershipTable {
 
     /// Re-creates the version of a partition whose rows outlived it, at
     /// [`recovered_version_number`], conditionally on there still being none. Whoever wins,
-    /// the caller reads again; an ambiguous outcome is settled by that read too.
-    pub(super) async fn recover_lost_version(&self, pk: Pk<'_>) -> Result<()> {
+    /// the caller reads again; an ambiguous outcome is settled by that read too. `false` (nothing
+    /// sent) when no row holding an entry is left: the partition ends, and starts again at 0.
+    pub(super) async fn recover_lost_version(&self, pk: Pk<'_>) -> Result<bool> {
         const OPERATION: &str = "read (version recovery)";
         let st = self.statements().await?;
         let version = recovered_version_number(Timestamp::now());
-        let ttl = self.recovered_version_ttl(pk).await?;
+        let Some(ttl) = self.recovered_version_ttl(pk).await? else {
+            return Ok(false);
+        };
         warn!(table = %self.shared.qualified, cluster = pk.cluster_id, version, ttl,
             "the table version is missing while entries remain; re-creating it at a number no earlier version can have reached");
         let values = self.version_values_in(pk, version, Uuid::new_v4(), None, ttl);
         match self.exec_conditional(&st.write_version, values).await {
-            Ok(reply) => reply.map(|_| ()),
-            Err(e) if may_have_applied(&e) => Ok(()),
+            Ok(reply) => reply.map(|_| true),
+            Err(e) if may_have_applied(&e) => Ok(true),
             Err(e) => Err(to_error(OPERATION, e)),
         }
     }
 
-    /// A re-created version outlives every row: no TTL if some row has none (or expiry is off),
-    /// else the longest row TTL, at least what this configuration writes.
-    async fn recovered_version_ttl(&self, pk: Pk<'_>) -> Result<i32> {
-        if self.opts().ttl_seconds().is_none() {
-            return Ok(0);
-        }
-        let mut longest = self.write_ttl();
+    /// The TTL a re-created version needs to outlive every row, from the rows alone (the
+    /// partition may be another cluster's, inspected with another configuration): none if some
+    /// row has none, else the longest remaining row TTL. `None` when no row is left.
+    async fn recovered_version_ttl(&self, pk: Pk<'_>) -> Result<Option<i32>> {
+        let mut longest = None;
         for row in self.scan_partition(pk).await? {
-            if row.silo.is_none() {
-                continue;
+            if row.silo.is_none() || row.etag.is_none() {
+                continue; // the static row, or a marker-only row (no entry to outlive)
             }
             match row.etag_ttl {
-                Some(t) => longest = longest.max(t),
-                None => return Ok(0),
+                Some(t) => longest = Some(longest.unwrap_or(1).max(t)),
+                None => return Ok(Some(0)),
             }
         }
         Ok(longest)

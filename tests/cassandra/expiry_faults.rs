@@ -322,3 +322,47 @@ async fn a_damaged_version_at_start_is_corrupt_data_under_every_policy_and_is_ke
         "the damaged version was rewritten"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_that_expires_before_a_longer_lived_row_comes_back_above_its_old_number() {
+    // The worst a race between a write's TTL read and a longer-TTL silo's renewal can leave
+    // (a rolling change of DefunctSiloExpiration): the version expiring before a row.
+    let cluster = unique("short-version");
+    let s = session_with_keyspace().await;
+    let t = table_on(&s, short_ttl(options(&cluster)));
+    t.initialize(true).await.unwrap();
+    insert(&t, &new_entry(Timestamp::now())).await;
+    let before = t.read_all().await.unwrap().version;
+    let (version, tag): (Option<i64>, Option<uuid::Uuid>) = s
+        .query_unpaged(
+            format!("SELECT version, version_etag FROM {KEYSPACE}.{TABLE} WHERE service_id = 'test-service' AND cluster_id = ? LIMIT 1"),
+            (&cluster,),
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap()
+        .first_row()
+        .unwrap();
+    s.query_unpaged(
+        format!("UPDATE {KEYSPACE}.{TABLE} USING TTL 1 SET version = ?, version_etag = ? WHERE service_id = 'test-service' AND cluster_id = ?"),
+        (version, tag, &cluster),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let after = t.read_all().await.unwrap();
+    assert_eq!(after.rows.len(), 1, "the row outlived the version");
+    assert!(
+        after.version.version > before.version,
+        "{} after {}",
+        after.version.version,
+        before.version
+    );
+    assert!(version_ttl(&s, &cluster).await.is_some_and(|t| t >= 1));
+    assert!(
+        t.insert_row(&new_entry(Timestamp::now()), &after.version.next())
+            .await
+            .unwrap()
+    );
+}
