@@ -521,3 +521,77 @@ mod extreme_tests {
         }
     }
 }
+
+#[cfg(test)]
+mod address_properties {
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Any socket address: IPv4, IPv6 with arbitrary flow label and scope id, and the IPv6 forms
+    /// that print specially (IPv4-mapped, IPv4-compatible, unspecified, loopback).
+    fn any_endpoint() -> impl Strategy<Value = SocketAddr> {
+        let v4 = (any::<u32>(), any::<u16>())
+            .prop_map(|(ip, port)| SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::from(ip), port)));
+        let ip6 = prop_oneof![
+            any::<u128>().prop_map(Ipv6Addr::from),
+            any::<u32>().prop_map(|v4| Ipv4Addr::from(v4).to_ipv6_mapped()),
+            any::<u32>().prop_map(|v4| Ipv4Addr::from(v4).to_ipv6_compatible()),
+            Just(Ipv6Addr::UNSPECIFIED),
+            Just(Ipv6Addr::LOCALHOST),
+            any::<u64>().prop_map(|low| Ipv6Addr::from((0xfe80_u128 << 112) | u128::from(low))),
+        ];
+        let flow = prop_oneof![Just(0_u32), any::<u32>()];
+        let scope = prop_oneof![Just(0_u32), any::<u32>()];
+        let v6 = (ip6, any::<u16>(), flow, scope).prop_map(|(ip, port, flow, scope)| {
+            SocketAddr::V6(SocketAddrV6::new(ip, port, flow, scope))
+        });
+        prop_oneof![v4, v6]
+    }
+
+    /// What `SocketAddr`'s `Debug` leaves out, for failure messages.
+    fn parts(endpoint: SocketAddr) -> String {
+        match endpoint {
+            SocketAddr::V4(v4) => format!("{v4}"),
+            SocketAddr::V6(v6) => format!(
+                "ip {} port {} flowinfo {} scope {}",
+                v6.ip(),
+                v6.port(),
+                v6.flowinfo(),
+                v6.scope_id()
+            ),
+        }
+    }
+
+    fn any_generation() -> impl Strategy<Value = i32> {
+        prop_oneof![
+            Just(0),
+            Just(-1),
+            Just(i32::MIN),
+            Just(i32::MAX),
+            any::<i32>()
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 4096, ..ProptestConfig::default() })]
+
+        #[test]
+        fn every_constructible_address_round_trips_through_its_text(
+            endpoint in any_endpoint(),
+            generation in any_generation(),
+        ) {
+            let address = SiloAddress::new(endpoint, generation);
+            let text = address.to_string();
+            prop_assert_eq!(
+                text.parse::<SiloAddress>().ok(),
+                Some(address),
+                "text {:?} of {}",
+                text,
+                parts(endpoint)
+            );
+        }
+    }
+}
