@@ -123,7 +123,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let address = SiloAddress::new(
             SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 11110 + n),
             generation,
-        );
+        )?;
         let mut entry = MembershipEntry::new(address, SiloStatus::Joining, Timestamp::now());
         entry.silo_name = format!("silo-{n}");
         entry.host_name = "localhost".into();

@@ -58,7 +58,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let address = SiloAddress::new(
         SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
         generation,
-    );
+    )?;
     let entry = MembershipEntry::new(address, SiloStatus::Joining, Timestamp::now());
     let silo = Silo::join(table, entry, membership).await?;
     event("joined", &address.to_string());

@@ -27,7 +27,8 @@ pub enum MembershipError {
         reason: String,
     },
 
-    /// A silo address's text form could not be parsed. Nothing was sent to storage.
+    /// A silo address's text form could not be parsed, or an endpoint cannot be a silo address
+    /// (an IPv6 scope id, which the text form cannot carry). Nothing was sent to storage.
     #[error("invalid silo address {text:?}: {reason}")]
     InvalidSiloAddress {
         /// The text (at most 128 characters of it).

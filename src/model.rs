@@ -2,7 +2,7 @@
 //! faithful to the Orleans membership protocol.
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -115,6 +115,13 @@ impl fmt::Display for Timestamp {
 /// has one text, so the row key stored for it is always the same; a stored key in another form
 /// is a damaged row.
 ///
+/// Construction and the text form agree: every address [`SiloAddress::new`] accepts prints a
+/// text that parses back to an equal address. An IPv6 scope (zone) id names a network interface
+/// of one host, so it means nothing to the other silos that read the row key: `new` refuses an
+/// endpoint with a scope id. The IPv6 flow label is a per-connection field, not part of the
+/// address: `new` drops it. An IPv4-mapped IPv6 endpoint (`[::ffff:10.0.0.7]`) stays IPv6 — it is
+/// a different key from the IPv4 endpoint `10.0.0.7`.
+///
 /// ```
 /// use cassandra_membership::SiloAddress;
 /// let a: SiloAddress = "10.0.0.7:11111@385939200".parse()?;
@@ -132,14 +139,60 @@ pub struct SiloAddress {
 
 impl SiloAddress {
     /// A silo address from its endpoint and generation.
-    pub const fn new(endpoint: SocketAddr, generation: i32) -> Self {
-        SiloAddress {
+    ///
+    /// Fails with [`MembershipError::InvalidSiloAddress`] for an IPv6 endpoint with a scope
+    /// (zone) id, which the text form — the row key every other silo reads — cannot carry: a
+    /// scope id is only meaningful on the host that chose it. Drops an IPv6 flow label.
+    ///
+    /// ```
+    /// use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
+    /// use cassandra_membership::{MembershipError, SiloAddress};
+    /// let scoped = SocketAddrV6::new(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1), 11111, 0, 2);
+    /// assert!(matches!(
+    ///     SiloAddress::new(SocketAddr::V6(scoped), 1),
+    ///     Err(MembershipError::InvalidSiloAddress { .. })
+    /// ));
+    /// let labelled = SocketAddrV6::new(Ipv6Addr::LOCALHOST, 11111, 7, 0);
+    /// let a = SiloAddress::new(SocketAddr::V6(labelled), 1)?;
+    /// assert_eq!(a, "[::1]:11111@1".parse()?);
+    /// # Ok::<(), MembershipError>(())
+    /// ```
+    pub fn new(endpoint: SocketAddr, generation: i32) -> Result<Self, MembershipError> {
+        let endpoint = match endpoint {
+            SocketAddr::V4(_) => endpoint,
+            SocketAddr::V6(v6) if v6.scope_id() != 0 => {
+                return Err(MembershipError::InvalidSiloAddress {
+                    text: format!("{endpoint}@{generation}"),
+                    reason: "an IPv6 scope (zone) id names an interface of one host only; a \
+                             silo address is read by every host and cannot carry it"
+                        .to_owned(),
+                });
+            }
+            // The flow label is not part of the address: the text form does not carry it.
+            SocketAddr::V6(v6) => SocketAddr::V6(SocketAddrV6::new(*v6.ip(), v6.port(), 0, 0)),
+        };
+        Ok(SiloAddress {
             endpoint,
+            generation,
+        })
+    }
+
+    /// A silo address from an IPv4 endpoint, which the text form always carries.
+    ///
+    /// ```
+    /// use std::net::{Ipv4Addr, SocketAddrV4};
+    /// use cassandra_membership::SiloAddress;
+    /// const ANY: SiloAddress = SiloAddress::from_v4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0), 0);
+    /// assert_eq!(ANY.to_string(), "0.0.0.0:0@0");
+    /// ```
+    pub const fn from_v4(endpoint: SocketAddrV4, generation: i32) -> Self {
+        SiloAddress {
+            endpoint: SocketAddr::V4(endpoint),
             generation,
         }
     }
 
-    /// The silo's socket address.
+    /// The silo's socket address (an IPv6 one has flow label and scope id 0).
     pub const fn endpoint(&self) -> SocketAddr {
         self.endpoint
     }
@@ -173,12 +226,13 @@ impl FromStr for SiloAddress {
         let generation: i32 = generation
             .parse()
             .map_err(|_| invalid("the generation is not a 32-bit integer"))?;
-        if let SocketAddr::V6(v6) = endpoint
-            && (v6.scope_id() != 0 || endpoint.to_string().contains('%') || s.contains('%'))
-        {
+        if s.contains('%') {
             return Err(invalid("zone ids (%…) are not part of a silo address"));
         }
-        let address = SiloAddress::new(endpoint, generation);
+        let address = SiloAddress::new(endpoint, generation).map_err(|e| match e {
+            MembershipError::InvalidSiloAddress { reason, .. } => invalid(&reason),
+            other => other,
+        })?;
         let canonical = address.to_string();
         if canonical != s {
             return Err(invalid(&format!(
@@ -472,6 +526,28 @@ mod tests {
     }
 
     #[test]
+    fn construction_refuses_a_scope_id_drops_the_flow_label_and_keeps_mapped_addresses_v6() {
+        use std::net::{Ipv4Addr, Ipv6Addr};
+        let scoped = SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, 0, 0, 1));
+        match SiloAddress::new(scoped, 0) {
+            Err(MembershipError::InvalidSiloAddress { text, reason }) => {
+                assert_eq!(text, "[::%1]:0@0");
+                assert!(reason.contains("scope"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let labelled = SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::LOCALHOST, 1, 0xfffff, 0));
+        let a = SiloAddress::new(labelled, 1).unwrap();
+        assert_eq!(a, "[::1]:1@1".parse().unwrap());
+        assert_eq!(a.endpoint(), "[::1]:1".parse::<SocketAddr>().unwrap());
+        let mapped = SocketAddr::new(Ipv4Addr::new(1, 2, 3, 4).to_ipv6_mapped().into(), 7);
+        let m = SiloAddress::new(mapped, 2).unwrap();
+        assert_eq!(m.to_string(), "[::ffff:1.2.3.4]:7@2");
+        assert_eq!(m.to_string().parse::<SiloAddress>().unwrap(), m);
+        assert_ne!(m, "1.2.3.4:7@2".parse().unwrap());
+    }
+
+    #[test]
     fn status_codes_match_orleans() {
         assert_eq!(SiloStatus::from_code(3), Some(SiloStatus::Active));
         assert_eq!(SiloStatus::from_code(6), Some(SiloStatus::Dead));
@@ -518,6 +594,98 @@ mod extreme_tests {
             let _ = t
                 .saturating_add(Duration::MAX)
                 .saturating_sub(Duration::MAX);
+        }
+    }
+}
+
+#[cfg(test)]
+mod address_properties {
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Any socket address: IPv4, IPv6 with arbitrary flow label and scope id, and the IPv6 forms
+    /// that print specially (IPv4-mapped, IPv4-compatible, unspecified, loopback).
+    fn any_endpoint() -> impl Strategy<Value = SocketAddr> {
+        let v4 = (any::<u32>(), any::<u16>())
+            .prop_map(|(ip, port)| SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::from(ip), port)));
+        let ip6 = prop_oneof![
+            any::<u128>().prop_map(Ipv6Addr::from),
+            any::<u32>().prop_map(|v4| Ipv4Addr::from(v4).to_ipv6_mapped()),
+            any::<u32>().prop_map(|v4| Ipv4Addr::from(v4).to_ipv6_compatible()),
+            Just(Ipv6Addr::UNSPECIFIED),
+            Just(Ipv6Addr::LOCALHOST),
+            any::<u64>().prop_map(|low| Ipv6Addr::from((0xfe80_u128 << 112) | u128::from(low))),
+        ];
+        let flow = prop_oneof![Just(0_u32), any::<u32>()];
+        let scope = prop_oneof![Just(0_u32), any::<u32>()];
+        let v6 = (ip6, any::<u16>(), flow, scope).prop_map(|(ip, port, flow, scope)| {
+            SocketAddr::V6(SocketAddrV6::new(ip, port, flow, scope))
+        });
+        prop_oneof![v4, v6]
+    }
+
+    /// What `SocketAddr`'s `Debug` leaves out, for failure messages.
+    fn parts(endpoint: SocketAddr) -> String {
+        match endpoint {
+            SocketAddr::V4(v4) => format!("{v4}"),
+            SocketAddr::V6(v6) => format!(
+                "ip {} port {} flowinfo {} scope {}",
+                v6.ip(),
+                v6.port(),
+                v6.flowinfo(),
+                v6.scope_id()
+            ),
+        }
+    }
+
+    fn any_generation() -> impl Strategy<Value = i32> {
+        prop_oneof![
+            Just(0),
+            Just(-1),
+            Just(i32::MIN),
+            Just(i32::MAX),
+            any::<i32>()
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 4096, ..ProptestConfig::default() })]
+
+        #[test]
+        fn every_constructible_address_round_trips_through_its_text(
+            endpoint in any_endpoint(),
+            generation in any_generation(),
+        ) {
+            let address = match SiloAddress::new(endpoint, generation) {
+                Err(MembershipError::InvalidSiloAddress { text, reason }) => {
+                    // Refused exactly what the text cannot carry, and said so.
+                    prop_assert!(
+                        matches!(endpoint, SocketAddr::V6(v6) if v6.scope_id() != 0),
+                        "refused {} ({:?}: {})", parts(endpoint), text, reason
+                    );
+                    return Ok(());
+                }
+                Err(other) => return Err(TestCaseError::fail(format!("{other:?}"))),
+                Ok(address) => address,
+            };
+            prop_assert!(
+                !matches!(endpoint, SocketAddr::V6(v6) if v6.scope_id() != 0),
+                "accepted {} whose text cannot carry its scope", parts(endpoint)
+            );
+            prop_assert_eq!(address.endpoint().ip(), endpoint.ip());
+            prop_assert_eq!(address.endpoint().port(), endpoint.port());
+            prop_assert_eq!(address.generation(), generation);
+            let text = address.to_string();
+            prop_assert_eq!(
+                text.parse::<SiloAddress>().ok(),
+                Some(address),
+                "text {:?} of {}",
+                text,
+                parts(endpoint)
+            );
         }
     }
 }

@@ -27,14 +27,9 @@ pub(crate) fn replication_factor() -> u32 {
 pub(crate) type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 pub(crate) fn address(n: u32, generation: i32) -> SiloAddress {
-    SiloAddress::new(
-        std::net::SocketAddr::new(
-            std::net::IpAddr::V4(std::net::Ipv4Addr::new(
-                10,
-                (n >> 16) as u8,
-                (n >> 8) as u8,
-                n as u8,
-            )),
+    SiloAddress::from_v4(
+        std::net::SocketAddrV4::new(
+            std::net::Ipv4Addr::new(10, (n >> 16) as u8, (n >> 8) as u8, n as u8),
             11111,
         ),
         generation,

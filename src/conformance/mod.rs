@@ -11,7 +11,7 @@
 //! Available with the `conformance` feature.
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
@@ -47,10 +47,7 @@ pub fn fresh_cluster_id(case: &str) -> String {
 /// An Orleans-suite entry: 127.0.0.1:12345, a new generation, status Joining, whole-second times.
 pub fn new_entry(now: Timestamp) -> MembershipEntry {
     let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
-    let address = SiloAddress::new(
-        SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 12345),
-        generation,
-    );
+    let address = SiloAddress::from_v4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 12345), generation);
     let whole = Timestamp::from_millis(now.as_millis() - now.as_millis().rem_euclid(1000));
     let mut e = MembershipEntry::new(address, SiloStatus::Joining, whole);
     e.host_name = "host".into();
@@ -458,14 +455,15 @@ pub async fn full_field_round_trip<H: Harness + ?Sized>(h: &H) {
     let address = SiloAddress::new(
         SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), 65535),
         i32::MIN,
-    );
+    )
+    .unwrap();
     let e = MembershipEntry {
         address,
         status: SiloStatus::ShuttingDown,
         suspect_times: (0..5)
             .map(|i| SuspectTime {
-                suspecting_silo: SiloAddress::new(
-                    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)), 1),
+                suspecting_silo: SiloAddress::from_v4(
+                    SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, i), 1),
                     i32::from(i),
                 ),
                 time: Timestamp::from_millis(now.as_millis() + i64::from(i) * 7),

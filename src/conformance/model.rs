@@ -3,7 +3,7 @@
 //! groups: identical to the model run in some order).
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -261,11 +261,8 @@ impl Tags {
 }
 
 fn address(silo: u8) -> SiloAddress {
-    SiloAddress::new(
-        SocketAddr::new(
-            IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)),
-            20000 + u16::from(silo),
-        ),
+    SiloAddress::from_v4(
+        SocketAddrV4::new(Ipv4Addr::LOCALHOST, 20000 + u16::from(silo)),
         7,
     )
 }

@@ -2,7 +2,7 @@
 //! cluster concurrently, every versioned operation recorded in a [`History`], plus heartbeats.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -145,10 +145,7 @@ impl Shared {
 
 fn address(client: usize, k: u16) -> SiloAddress {
     let port = 20_000 + (client as u16) * 100 + k;
-    SiloAddress::new(
-        SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), port),
-        1,
-    )
+    SiloAddress::from_v4(SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), port), 1)
 }
 
 /// Runs one client per table until `until`, recording into `history`. Every client's table

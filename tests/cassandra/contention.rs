@@ -12,7 +12,7 @@ use cassandra_membership::{SiloAddress, Timestamp};
 use crate::utils::{KEYSPACE, options, session_with_keyspace, table_on, unique};
 
 fn address(n: u16) -> SiloAddress {
-    SiloAddress::new(format!("10.15.0.1:{}", 20000 + n).parse().unwrap(), 1)
+    SiloAddress::new(format!("10.15.0.1:{}", 20000 + n).parse().unwrap(), 1).unwrap()
 }
 
 fn joining(n: u16) -> MembershipEntry {

@@ -470,7 +470,7 @@ async fn statement_costs_per_operation() {
     let s = t.read_row(&e.address).await.unwrap();
     assert_eq!(cost("read_row (present)", &t), (0, 1, 0, 0));
     // Keys are "ip:port@generation" text: 127.0.0.0 sorts before the entry's 127.0.0.1, 127.0.0.2 after.
-    let absent = |ip: [u8; 4]| SiloAddress::new(std::net::SocketAddr::from((ip, 1)), 1);
+    let absent = |ip: [u8; 4]| SiloAddress::new(std::net::SocketAddr::from((ip, 1)), 1).unwrap();
     let after = t.read_row(&absent([127, 0, 0, 0])).await.unwrap();
     assert_eq!(
         cost("read_row (absent, a row after it)", &t),

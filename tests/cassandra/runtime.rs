@@ -29,7 +29,8 @@ async fn silos_join_detect_a_crash_leave_and_the_cluster_expires() {
         let a = SiloAddress::new(
             format!("127.0.0.1:{}", 12000 + n).parse().unwrap(),
             generation,
-        );
+        )
+        .unwrap();
         let silo = Silo::join(
             Arc::clone(&table),
             MembershipEntry::new(a, SiloStatus::Joining, Timestamp::now()),

@@ -22,6 +22,7 @@ fn address(n: u16) -> SiloAddress {
         format!("127.0.0.1:{}", 13000 + n).parse().unwrap(),
         generation,
     )
+    .unwrap()
 }
 
 fn fast() -> MembershipOptions {

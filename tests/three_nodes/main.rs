@@ -284,7 +284,7 @@ async fn one_node_killed_every_operation_still_succeeds_after_rerouting() {
             let membership = fast_membership();
             let t = CassandraMembershipTable::connect(o.membership(membership.clone())).await?;
             let address =
-                SiloAddress::new(std::net::SocketAddr::from(([10, 9, 0, 1], 40_000 + k)), 1);
+                SiloAddress::new(std::net::SocketAddr::from(([10, 9, 0, 1], 40_000 + k)), 1)?;
             let entry = MembershipEntry::new(address, SiloStatus::Joining, Timestamp::now());
             let started = Instant::now();
             let silo = Silo::join(Arc::new(t), entry, membership).await?;

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -129,8 +129,8 @@ impl CassandraMembershipStorage {
             .values()
             .map(|o| o.address)
             .min()
-            .unwrap_or(SiloAddress::new(
-                SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0),
+            .unwrap_or(SiloAddress::from_v4(
+                SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
                 0,
             ))
     }
@@ -235,7 +235,7 @@ impl CassandraMembershipStorage {
         for attempt in 1..=self.inner.options.write_attempts {
             let snapshot = table.read_all().await?;
             let now = Timestamp::now();
-            let address = SiloAddress::new(ep, next_generation(&snapshot, ep, now));
+            let address = SiloAddress::new(ep, next_generation(&snapshot, ep, now))?;
             let mut entry = MembershipEntry::new(address, status, now);
             entry.host_name = ep.ip().to_string();
             entry.role_name = "rio".to_owned();
