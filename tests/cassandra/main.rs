@@ -20,3 +20,4 @@ mod runtime_fencing;
 mod secure;
 mod smoke;
 mod ttl_mismatch;
+mod under_load;
