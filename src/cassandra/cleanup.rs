@@ -4,11 +4,12 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use scylla::response::{PagingState, PagingStateResponse};
-use tracing::{Span, warn};
+use tracing::{Span, debug, warn};
 use uuid::Uuid;
 
 use super::driver_errors::{may_have_applied, to_error};
 use super::expiry::{HeartbeatCell, HeartbeatCellsRow};
+use super::read::{larger_page, restart_pause};
 use super::rows::{StoredHeartbeat, merge_heartbeat};
 use super::values::{
     DeleteClusterValues, DeleteEntryValues, DeleteHeartbeatValues, DeleteStaticsValues,
@@ -128,37 +129,80 @@ impl CassandraMembershipTable {
         Ok(())
     }
 
-    /// Every row key of a partition as stored, and the raw version tag, read serially.
+    /// Every row key of a partition as stored, and the raw version tag, read serially as one
+    /// view: every row carries the version tag, and all pages must carry the same one — a
+    /// membership write landing between two pages could have inserted a key into a page already
+    /// read. Then the read starts over with larger pages, as `read_partition` does.
     async fn read_raw_keys(&self, pk: Pk<'_>) -> Result<RawKeys> {
         let st = self.statements().await?;
-        let mut raw = RawKeys {
-            keys: Vec::new(),
-            version_etag: None,
-        };
-        let mut paging = PagingState::start();
-        loop {
-            bump(&self.shared.counters.serial_reads);
-            let (result, next) = self
-                .session_ref()
-                .execute_single_page(&st.read_keys, pk, paging)
-                .await
-                .map_err(|e| to_error("delete_cluster", e))?;
-            let rows = result
-                .into_rows_result()
-                .map_err(|e| MembershipError::corrupt(None, format!("key read: {e}")))?;
-            for row in rows
-                .rows::<(Option<String>, Option<Uuid>)>()
-                .map_err(|e| self.shape_error(e))?
-            {
-                let (silo, version_etag) = row.map_err(|e| self.shape_error(e))?;
-                raw.version_etag = version_etag;
-                raw.keys.extend(silo);
+        let started = Instant::now();
+        let mut page_size = i32::try_from(self.opts().page_size).unwrap_or(i32::MAX);
+        // See read_partition: an empty page before any row leaves no reference to check by.
+        let mut statics_first = false;
+        for attempt in 0..MAX_ATTEMPTS {
+            restart_pause(attempt).await;
+            let mut read_keys = st.read_keys.clone();
+            read_keys.set_page_size(page_size);
+            let mut view: Option<Option<Uuid>> = None;
+            if statics_first {
+                view = Some(self.read_statics(pk).await?.version_etag);
             }
-            match next {
-                PagingStateResponse::HasMorePages { state } => paging = state,
-                PagingStateResponse::NoMorePages => return Ok(raw),
+            let mut keys = Vec::new();
+            let mut seen = 0usize;
+            let mut paging = PagingState::start();
+            let consistent = loop {
+                let (result, next) = self
+                    .read_page("delete_cluster", &read_keys, pk, paging, true)
+                    .await?;
+                let rows = result
+                    .into_rows_result()
+                    .map_err(|e| MembershipError::corrupt(None, format!("key read: {e}")))?;
+                seen = seen.saturating_add(rows.rows_num());
+                if view.is_none()
+                    && rows.rows_num() == 0
+                    && matches!(next, PagingStateResponse::HasMorePages { .. })
+                {
+                    statics_first = true;
+                    break false;
+                }
+                let mut agree = true;
+                for row in rows
+                    .rows::<(Option<String>, Option<Uuid>)>()
+                    .map_err(|e| self.shape_error(e))?
+                {
+                    let (silo, version_etag) = row.map_err(|e| self.shape_error(e))?;
+                    if *view.get_or_insert(version_etag) != version_etag {
+                        agree = false;
+                        break;
+                    }
+                    keys.extend(silo);
+                }
+                if !agree {
+                    break false;
+                }
+                match next {
+                    PagingStateResponse::HasMorePages { state } => paging = state,
+                    PagingStateResponse::NoMorePages => break true,
+                }
+            };
+            if consistent {
+                return Ok(RawKeys {
+                    keys,
+                    version_etag: view.flatten(),
+                });
             }
+            debug!(
+                cluster = pk.cluster_id,
+                rows_seen = seen,
+                "the version moved while reading the keys; reading again"
+            );
+            page_size = larger_page(page_size, seen);
         }
+        Err(MembershipError::Contention {
+            operation: "delete_cluster",
+            attempts: MAX_ATTEMPTS,
+            elapsed: started.elapsed(),
+        })
     }
 
     /// `cleanup_defunct`: conditional deletes of qualifying entries, then empty rows and
@@ -269,7 +313,31 @@ impl CassandraMembershipTable {
         let st = self.statements().await?;
         let pk = self.pk_of(cluster_id);
         let started = Instant::now();
-        for _ in 0..MAX_ATTEMPTS {
+        // Set after a write moved the version between the key read and the first batch.
+        let mut close_first = false;
+        for attempt in 0..MAX_ATTEMPTS {
+            restart_pause(attempt).await;
+            if close_first {
+                // Close the cluster first: the statics deleted, fenced on the tag read just
+                // now (a window of one serial read, not of the whole key read), every
+                // membership write — each conditioned on the version tag — fails from then on,
+                // so the keys read next stay put and the batches that follow delete them all.
+                let statics = self.read_statics(pk).await?;
+                let batch = st.batch_of([&st.delete_statics], self.opts().request_timeout);
+                let values = vec![DeleteClusterValues::Statics(DeleteStaticsValues {
+                    service_id: self.service_id(),
+                    cluster_id,
+                    expected_version_etag: statics.version_etag,
+                })];
+                let closed = match self.exec_conditional_batch(&batch, values).await {
+                    Ok(r) => r?,
+                    Err(e) if may_have_applied(&e) => false, // read again: closed, or not
+                    Err(e) => return Err(to_error("delete_cluster", e)),
+                };
+                if !closed {
+                    continue;
+                }
+            }
             let raw = self.read_raw_keys(pk).await?;
             let mut expected = raw.version_etag;
             let mut chunks: Vec<&[String]> = raw.keys.chunks(DELETE_CHUNK).collect();
@@ -310,6 +378,7 @@ impl CassandraMembershipTable {
                 expected = None; // the statics are gone after the first chunk
             }
             if conflicted {
+                close_first = true;
                 continue;
             }
             // Heartbeat elements written with a timestamp later than the deleting ballot (their

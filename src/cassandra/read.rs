@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use scylla::response::{PagingState, PagingStateResponse};
+use scylla::statement::prepared::PreparedStatement;
 use tracing::{debug, warn};
 use uuid::Uuid;
 
@@ -23,6 +24,40 @@ use crate::model::{ETag, MembershipRow, MembershipSnapshot, SiloAddress, TableVe
 /// too), so a coordinator that was slow or lost is tried once more, most likely through another
 /// one: one statement costs the caller at most two request timeouts.
 const READ_ATTEMPTS: u32 = 2;
+
+/// The largest page a restarted whole-partition read asks for (the options' own maximum): a
+/// page's rows are what the read returns anyway, so a larger page costs no memory the result
+/// does not, only a larger response.
+const LARGEST_PAGE: i32 = 100_000;
+
+/// The page size for the next attempt of a paged read of a partition that a write overtook after
+/// it had received `seen` rows in pages of `current`: the partition holds at least `seen` rows
+/// and is growing, so twice that most likely takes it in one page — one statement, which reads
+/// the partition at one point of its history (a single-partition read is isolated from every
+/// write to that partition), so no write can land between its rows. Never smaller than
+/// `current`, at most [`LARGEST_PAGE`] (or `current`, if larger).
+pub(super) fn larger_page(current: i32, seen: usize) -> i32 {
+    let seen = i32::try_from(seen).unwrap_or(i32::MAX);
+    current
+        .max(seen)
+        .saturating_mul(2)
+        .min(LARGEST_PAGE.max(current))
+        .max(current)
+}
+
+/// The pause before attempt `attempt` (0-based) of a read or delete that a write overtook: none
+/// before the first two (the second reads with a larger page, most likely in one statement),
+/// then a jittered exponential pause (20–40 ms before the third, doubling up to 0.64–1.28 s), so
+/// a partition that keeps changing gets a quieter moment, and readers do not retry in lockstep.
+/// All pauses of [`MAX_ATTEMPTS`] attempts add up to under 2.6 s.
+pub(super) async fn restart_pause(attempt: u32) {
+    if attempt < 2 {
+        return;
+    }
+    let ceiling: u64 = 20 << (attempt - 1).min(6);
+    let pause = rand::random_range(ceiling / 2..ceiling);
+    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+}
 
 /// Whether to send a read again after `err` on attempt `attempt` (sleeping briefly first).
 async fn retry_read(err: &MembershipError, attempt: u32) -> bool {
@@ -191,7 +226,9 @@ impl CassandraMembershipTable {
     /// Reads the whole partition of `cluster_id` as one view: the rows page by page, each page a
     /// serial read carrying the version its rows belong to (the first page is sent together with
     /// the heartbeat read, so a one-page cluster costs one round trip); restarts if the version
-    /// moved between pages.
+    /// moved between pages. A restart asks for pages twice as large as all it saw (see
+    /// [`larger_page`]): one page is one statement, a view no write can split, so under any write
+    /// load the read needs one restart, two at most while the partition keeps doubling.
     pub(super) async fn read_partition(&self, pk: Pk<'_>) -> Result<PartitionRead> {
         let cluster_id = pk.cluster_id;
         let started = Instant::now();
@@ -201,7 +238,11 @@ impl CassandraMembershipTable {
         // into the empty page's range in between would not match. Such a read starts over with
         // the version read first, as a reference every row is checked against.
         let mut statics_first = false;
-        for _ in 0..MAX_ATTEMPTS {
+        // The rows statement with a larger page, once a read was overtaken.
+        let mut larger: Option<PreparedStatement> = None;
+        for attempt in 0..MAX_ATTEMPTS {
+            restart_pause(attempt).await;
+            let read_rows = larger.as_ref().unwrap_or(&st.read_rows);
             // (version, version_etag) every row must carry: the statics' when read first, else
             // the first row's.
             let mut view: Option<(Option<i64>, Option<Uuid>)> = None;
@@ -210,7 +251,7 @@ impl CassandraMembershipTable {
                 view = Some((statics.version, statics.version_etag));
             }
             let (first, heartbeats) = tokio::join!(
-                self.read_page("read", &st.read_rows, pk, PagingState::start(), true),
+                self.read_page("read", read_rows, pk, PagingState::start(), true),
                 self.read_heartbeat_map(pk),
             );
             let mut page = Some(first?);
@@ -220,10 +261,12 @@ impl CassandraMembershipTable {
             // Clustering rows of any kind (entries, markers, damaged rows): the partition lives.
             let mut silo_rows = 0usize;
             let mut consistent = true;
+            let mut seen = 0usize;
             while let Some((result, next)) = page.take() {
                 let rows = result.into_rows_result().map_err(|e| {
                     MembershipError::corrupt(None, format!("read returned no rows result: {e}"))
                 })?;
+                seen = seen.saturating_add(rows.rows_num());
                 if view.is_none()
                     && rows.rows_num() == 0
                     && matches!(next, PagingStateResponse::HasMorePages { .. })
@@ -234,8 +277,8 @@ impl CassandraMembershipTable {
                 }
                 for row in rows.rows::<EntryRow>().map_err(|e| self.shape_error(e))? {
                     let row = row.map_err(|e| self.shape_error(e))?;
-                    let seen = (row.version, row.version_etag);
-                    if *view.get_or_insert(seen) != seen {
+                    let carried = (row.version, row.version_etag);
+                    if *view.get_or_insert(carried) != carried {
                         consistent = false;
                         break;
                     }
@@ -260,10 +303,7 @@ impl CassandraMembershipTable {
                     break;
                 }
                 if let PagingStateResponse::HasMorePages { state } = next {
-                    page = Some(
-                        self.read_page("read", &st.read_rows, pk, state, true)
-                            .await?,
-                    );
+                    page = Some(self.read_page("read", read_rows, pk, state, true).await?);
                 }
             }
             if consistent {
@@ -285,10 +325,19 @@ impl CassandraMembershipTable {
                     heartbeats,
                 });
             }
+            let current = read_rows.get_page_size();
+            let next_size = larger_page(current, seen);
             debug!(
                 cluster = cluster_id,
+                rows_seen = seen,
+                page_size = next_size,
                 "the version moved during a paged read, or an empty page came first; reading again"
             );
+            if next_size > current {
+                let mut statement = st.read_rows.clone();
+                statement.set_page_size(next_size);
+                larger = Some(statement);
+            }
         }
         Err(MembershipError::Contention {
             operation: "read",
@@ -460,5 +509,23 @@ fn found(
             etag: ETag::new(stored.etag.to_string()),
         }],
         version,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LARGEST_PAGE, larger_page};
+
+    #[test]
+    fn a_restart_reads_with_twice_the_rows_seen_and_never_a_smaller_page() {
+        // Overtaken after two pages of 1,000: a 4,000-row page takes a 3,000-row partition whole.
+        assert_eq!(larger_page(1000, 2000), 4000);
+        // An empty page first (nothing seen) still doubles.
+        assert_eq!(larger_page(1000, 0), 2000);
+        assert_eq!(larger_page(10, 11), 22);
+        assert_eq!(larger_page(1000, 80_000), LARGEST_PAGE);
+        assert_eq!(larger_page(1000, usize::MAX), LARGEST_PAGE);
+        // A configured page above the cap is kept, never shrunk.
+        assert_eq!(larger_page(i32::MAX, 5), i32::MAX);
     }
 }

@@ -21,3 +21,4 @@ mod runtime_fencing;
 mod secure;
 mod smoke;
 mod ttl_mismatch;
+mod under_load;
