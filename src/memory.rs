@@ -64,6 +64,8 @@ struct Cluster {
 #[derive(Debug)]
 struct StoredRow {
     entry: MembershipEntry,
+    /// The row tag readers see: new with every write, and with every heartbeat that moves the
+    /// stored I-am-alive time.
     etag: ETag,
     /// The latest time published by `update_i_am_alive`; kept apart from the entry's own time so
     /// that the stored time only moves forward, exactly as the Cassandra backend stores it.
@@ -288,7 +290,13 @@ impl MembershipTable for InMemoryMembershipTable {
         Ok(self.with_cluster(|c, now| match c.rows.get_mut(address) {
             None => HeartbeatOutcome::NotFound,
             Some(row) => {
-                row.heartbeat = Some(row.heartbeat.map_or(time, |h| h.max(time)));
+                let moved = row.heartbeat.is_none_or(|h| time > h);
+                if moved {
+                    row.heartbeat = Some(time);
+                    // A write decided on a read from before this heartbeat (a death vote)
+                    // must no longer match, exactly as on the Cassandra backend.
+                    row.etag = ETag::random();
+                }
                 row.touched = now;
                 let lease = self.lease(now);
                 if row.entry.status == SiloStatus::Dead {

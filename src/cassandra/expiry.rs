@@ -697,6 +697,8 @@ impl CassandraMembershipTable {
                                     ttl,
                                 ),
                                 expected_etag: Some(stored.etag),
+                                heartbeat_key: silo,
+                                expected_heartbeat: read.heartbeats.get(silo).copied(),
                             },
                             self.version_values_in(
                                 pk,

@@ -111,7 +111,7 @@ impl CassandraMembershipTable {
         let ttl_on = self.opts().ttl_seconds().is_some();
         for _ in 0..MAX_ATTEMPTS {
             // A plain read is enough: the conditional write below re-checks both tags.
-            let Some((stored, version, _)) = self.read_one(address, false).await? else {
+            let Some((stored, version, heartbeat)) = self.read_one(address, false).await? else {
                 return Ok(None);
             };
             let version_etag = parse_etag(&version.etag).flatten();
@@ -154,6 +154,10 @@ impl CassandraMembershipTable {
                         row_ttl,
                     ),
                     expected_etag: Some(stored.etag),
+                    // The element as read: only this silo writes it, and none of its
+                    // heartbeats is in flight now (a late one costs one more read).
+                    heartbeat_key: &key,
+                    expected_heartbeat: heartbeat,
                 },
                 self.version_values_in(
                     self.pk(),

@@ -12,12 +12,12 @@ use uuid::Uuid;
 use super::driver_errors::to_error;
 use super::rows::{
     EntryRow, EntryWithStaticsRow, StaticsRow, StoredEntry, StoredHeartbeat, decode_entry,
-    decode_version, merge_heartbeat,
+    decode_version, merge_heartbeat, row_etag,
 };
 use super::values::{Pk, ReadLastRowValues, ReadRowValues};
 use super::{CassandraMembershipTable, MAX_ATTEMPTS, bump};
 use crate::error::{MembershipError, Result};
-use crate::model::{ETag, MembershipRow, MembershipSnapshot, SiloAddress, TableVersion};
+use crate::model::{MembershipRow, MembershipSnapshot, SiloAddress, TableVersion};
 
 /// How many times a statement of a read is sent when it times out. A read changes nothing we
 /// own (a serial read may complete someone's in-flight proposal, which any later read would do
@@ -106,12 +106,12 @@ impl PartitionRead {
         let mut rows: Vec<MembershipRow> = self
             .entries
             .iter()
-            .map(|s| MembershipRow {
-                entry: merge_heartbeat(
-                    s.entry.clone(),
-                    self.heartbeats.get(&s.entry.address.to_string()).copied(),
-                ),
-                etag: ETag::new(s.etag.to_string()),
+            .map(|s| {
+                let heartbeat = self.heartbeats.get(&s.entry.address.to_string()).copied();
+                MembershipRow {
+                    entry: merge_heartbeat(s.entry.clone(), heartbeat),
+                    etag: row_etag(s.etag, heartbeat),
+                }
             })
             .collect();
         rows.sort_by_key(|r| r.entry.address);
@@ -506,7 +506,7 @@ fn found(
     MembershipSnapshot {
         rows: vec![MembershipRow {
             entry: merge_heartbeat(stored.entry, heartbeat),
-            etag: ETag::new(stored.etag.to_string()),
+            etag: row_etag(stored.etag, heartbeat),
         }],
         version,
     }

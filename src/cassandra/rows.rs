@@ -187,6 +187,38 @@ pub(crate) fn decode_entry(
     Ok(StoredEntry { entry, etag })
 }
 
+/// The row etag a read hands out: the row's tag, and the entry's heartbeat element as the read
+/// saw it (`<uuid>` without an element, `<uuid>/<start ms>/<I-am-alive ms>` with one, `-` for a
+/// null field). A write decided on the read is conditioned on both (`update_entry.cql`), so a
+/// death vote cannot apply once the suspect heartbeat again: heartbeats change the element, not
+/// the row, and a tag of the row alone would not notice.
+pub(crate) fn row_etag(etag: Uuid, heartbeat: Option<StoredHeartbeat>) -> ETag {
+    let field = |t: Option<CqlTimestamp>| t.map_or_else(|| "-".to_owned(), |t| t.0.to_string());
+    match heartbeat {
+        None => ETag::new(etag.to_string()),
+        Some((start, alive)) => ETag::new(format!("{etag}/{}/{}", field(start), field(alive))),
+    }
+}
+
+/// The row tag and heartbeat element a [`row_etag`] names; `None` for a text no read of this
+/// provider hands out (which can never match).
+pub(crate) fn parse_row_etag(etag: &ETag) -> Option<(Uuid, Option<StoredHeartbeat>)> {
+    let field = |f: &str| -> Option<Option<CqlTimestamp>> {
+        if f == "-" {
+            Some(None)
+        } else {
+            f.parse::<i64>().ok().map(|ms| Some(CqlTimestamp(ms)))
+        }
+    };
+    let mut parts = etag.as_str().split('/');
+    let row = Uuid::parse_str(parts.next()?).ok()?;
+    match (parts.next(), parts.next(), parts.next()) {
+        (None, _, _) => Some((row, None)),
+        (Some(start), Some(alive), None) => Some((row, Some((field(start)?, field(alive)?)))),
+        _ => None,
+    }
+}
+
 /// The I-am-alive time a read reports: the later of the entry's own and its heartbeat element,
 /// if that element was written for this incarnation (same start time). An element of an earlier
 /// incarnation at the same address, or a damaged one, is ignored.
@@ -274,6 +306,31 @@ mod tests {
                 reason.contains(expected),
                 "{reason:?} should mention {expected:?}"
             );
+        }
+    }
+
+    #[test]
+    fn row_etags_round_trip_with_and_without_a_heartbeat_element() {
+        let id = Uuid::new_v4();
+        let cases = [
+            None,
+            Some((Some(CqlTimestamp(1)), Some(CqlTimestamp(-2)))),
+            Some((None, Some(CqlTimestamp(3)))),
+            Some((None, None)),
+        ];
+        for hb in cases {
+            let etag = row_etag(id, hb);
+            assert_eq!(parse_row_etag(&etag), Some((id, hb)), "{etag:?}");
+        }
+        assert_ne!(row_etag(id, None), row_etag(id, Some((None, None))));
+        for bad in [
+            "",
+            "x",
+            "00000000-0000-0000-0000-000000000000/1",
+            "00000000-0000-0000-0000-000000000000/1/2/3",
+            "00000000-0000-0000-0000-000000000000/a/2",
+        ] {
+            assert_eq!(parse_row_etag(&ETag::new(bad)), None, "{bad:?}");
         }
     }
 

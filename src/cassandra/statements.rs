@@ -18,6 +18,7 @@ const READ_ROWS: &str = include_str!("../../cql/read_rows.cql");
 const READ_ROW: &str = include_str!("../../cql/read_row.cql");
 const READ_ROW_FROM: &str = include_str!("../../cql/read_row_from.cql");
 const READ_LAST_ROW: &str = include_str!("../../cql/read_last_row.cql");
+const INSERT_ENTRY: &str = include_str!("../../cql/insert_entry.cql");
 const UPDATE_ENTRY: &str = include_str!("../../cql/update_entry.cql");
 const WRITE_VERSION: &str = include_str!("../../cql/write_version.cql");
 const HEARTBEAT: &str = include_str!("../../cql/heartbeat.cql");
@@ -113,7 +114,10 @@ pub(crate) struct Statements {
     pub(crate) delete_heartbeat_before: PreparedStatement,
     pub(crate) delete_entry: PreparedStatement,
     pub(crate) delete_empty_row: PreparedStatement,
-    /// update_entry + write_version: insert_row (expecting no row etag), update_row, lease renewal.
+    /// insert_entry + write_version: insert_row (expecting no row etag).
+    pub(crate) insert_batch: Batch,
+    /// update_entry + write_version: update_row, lease renewal (conditioned on the row etag and
+    /// the heartbeat element as read).
     pub(crate) update_batch: Batch,
     pub(crate) delete_row: PreparedStatement,
     pub(crate) delete_statics: PreparedStatement,
@@ -176,6 +180,7 @@ impl Statements {
         };
         let mut read_rows = prep(READ_ROWS, serial_read).await?;
         read_rows.set_page_size(i32::try_from(page_size).unwrap_or(i32::MAX));
+        let insert_entry = prep(INSERT_ENTRY, commit).await?;
         let update_entry = prep(UPDATE_ENTRY, commit).await?;
         let write_version = prep(WRITE_VERSION, commit).await?;
         let rewrite_entry = prep(REWRITE_ENTRY, commit).await?;
@@ -194,6 +199,7 @@ impl Statements {
             delete_heartbeat_before,
             delete_entry: prep(DELETE_ENTRY, commit).await?,
             delete_empty_row: prep(DELETE_EMPTY_ROW, commit).await?,
+            insert_batch: batch(profile, request_timeout, [&insert_entry, &write_version]),
             update_batch: batch(profile, request_timeout, [&update_entry, &write_version]),
             delete_row: prep(DELETE_ROW, commit).await?,
             delete_statics: prep(DELETE_STATICS, commit).await?,

@@ -60,8 +60,11 @@ pub(super) struct EntryValues<'a> {
 pub(super) struct UpdateEntryValues<'a> {
     #[scylla(flatten)]
     pub(super) entry: EntryValues<'a>,
-    /// `None` for an insert: the row must have no etag (missing, or an empty marker).
     pub(super) expected_etag: Option<Uuid>,
+    /// The entry's key again: the heartbeat element the write is conditioned on.
+    pub(super) heartbeat_key: &'a str,
+    /// The element as the read saw it (`None`: it had none).
+    pub(super) expected_heartbeat: Option<StoredHeartbeat>,
 }
 
 #[derive(SerializeRow)]

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::driver_errors::{may_have_applied, to_error};
 use super::lease::LeaseState;
+use super::rows::parse_row_etag;
 use super::values::{EntryValues, Pk, UpdateEntryValues, WriteVersionValues, to_cql};
 use super::{CassandraMembershipTable, bump};
 use crate::error::{BoxError, MembershipError, Result};
@@ -252,9 +253,16 @@ impl CassandraMembershipTable {
                 ),
             )
         })?;
-        let (Some(expected), Some(expected_row)) =
-            (parse_etag(&new_version.etag), row_etag.and_then(parse_etag))
-        else {
+        // An update expects the row tag and the heartbeat element its read saw (`row_etag`).
+        let expected_row = match row_etag {
+            None => None,
+            Some(etag) if etag.is_absent() => None,
+            Some(etag) => match parse_row_etag(etag) {
+                Some(tags) => Some(tags),
+                None => return Ok(false), // a tag this table never issued cannot match
+            },
+        };
+        let Some(expected) = parse_etag(&new_version.etag) else {
             return Ok(false); // tags this table never issued cannot match
         };
         let st = self.statements().await?;
@@ -262,13 +270,9 @@ impl CassandraMembershipTable {
         let (new_row_etag, new_version_etag) = (Uuid::new_v4(), Uuid::new_v4());
         // With expiry on, a row or version without TTL keeps none (expiry.rs).
         let (row_ttl, version_ttl) = self.ttls_for_write(&key, expected_row.is_none()).await?;
-        let values = (
-            UpdateEntryValues {
-                entry: self.entry_values_in(self.pk(), entry, &key, new_row_etag, row_ttl),
-                expected_etag: expected_row,
-            },
-            self.version_values_in(self.pk(), version, new_version_etag, expected, version_ttl),
-        );
+        let row_values = self.entry_values_in(self.pk(), entry, &key, new_row_etag, row_ttl);
+        let version_values =
+            self.version_values_in(self.pk(), version, new_version_etag, expected, version_ttl);
         let write = VersionedWrite {
             operation,
             entry,
@@ -278,7 +282,22 @@ impl CassandraMembershipTable {
             new_row_etag,
             new_version_etag,
         };
-        self.versioned_write(&st.update_batch, values, write).await
+        match expected_row {
+            None => {
+                self.versioned_write(&st.insert_batch, (row_values, version_values), write)
+                    .await
+            }
+            Some((expected_etag, expected_heartbeat)) => {
+                let values = UpdateEntryValues {
+                    entry: row_values,
+                    expected_etag: Some(expected_etag),
+                    heartbeat_key: &key,
+                    expected_heartbeat,
+                };
+                self.versioned_write(&st.update_batch, (values, version_values), write)
+                    .await
+            }
+        }
     }
 
     /// Runs an insert or update batch; an ambiguous failure is resolved by [`Self::resolve`].

@@ -6,6 +6,9 @@
 //! the text the first read in a linearization shows for it; a write expecting a tag applies only
 //! if the model's current tag is bound to that text (tags are never reused).
 //!
+//! Heartbeats are not recorded: one that moves an entry's I-am-alive time gives its row a new tag,
+//! which the model accepts in a read as the same entry under a tag nobody has seen yet.
+//!
 //! What the provider promises, and so what the model checks: `Ok(true)` only for a write whose
 //! condition held, applied atomically at one point; `Ok(false)` never for a write that applied
 //! (a later read would show its marker). A `false` may *fence* (move the version tag, keeping the
@@ -342,8 +345,22 @@ impl SequentialSpec for ClusterModel {
                     self.rows.iter().map(|(k, v)| (k.clone(), *v)).collect();
                 for (silo, (status, marker, tag)) in expected {
                     match rows.get(&silo) {
-                        Some((s, m, text))
-                            if *s == status && *m == marker && self.bind(tag, text) => {}
+                        Some((s, m, text)) if *s == status && *m == marker => {
+                            if self.bind(tag, text) {
+                                continue;
+                            }
+                            // A heartbeat (outside the history) that moved the I-am-alive time
+                            // gives the row a new tag: the same entry under a tag nobody has
+                            // seen yet.
+                            if self.by_text.contains_key(text) {
+                                return false;
+                            }
+                            let moved = self.fresh();
+                            self.bind(moved, text);
+                            if let Some(row) = self.rows.get_mut(&silo) {
+                                row.2 = moved;
+                            }
+                        }
                         _ => return false,
                     }
                 }
@@ -465,6 +482,47 @@ mod tests {
         h.respond(0, snapshot(0, "v0", &[]));
         h.invoke(0, HistoryOp::ReadAll);
         h.respond(0, snapshot(1, "other", &[]));
+        assert!(!h.check().unwrap().linearizable);
+    }
+
+    #[test]
+    fn a_heartbeat_may_move_a_row_tag_and_a_write_expecting_the_old_one_cannot_apply() {
+        let update = |expected_row: &str, expected_version: &str| HistoryOp::Update {
+            silo: "a".into(),
+            status: 3,
+            marker: 8,
+            expected_row_etag: expected_row.into(),
+            expected_version_etag: expected_version.into(),
+            version: 2,
+        };
+        let prefix = |h: &History| {
+            h.invoke(0, HistoryOp::ReadAll);
+            h.respond(0, snapshot(0, "v0", &[]));
+            h.invoke(0, insert("a", "v0", 1));
+            h.respond(0, HistoryRet::Applied(true));
+            h.invoke(0, HistoryOp::ReadAll);
+            h.respond(0, snapshot(1, "v1", &[("a", 3, "r1")]));
+            // A heartbeat moved the row's tag.
+            h.invoke(0, HistoryOp::ReadAll);
+            h.respond(0, snapshot(1, "v1", &[("a", 3, "r1+hb")]));
+        };
+        let h = History::new();
+        prefix(&h);
+        h.invoke(0, update("r1", "v1"));
+        h.respond(0, HistoryRet::Applied(false));
+        h.invoke(0, update("r1+hb", "v1"));
+        h.respond(0, HistoryRet::Applied(true));
+        assert!(h.check().unwrap().linearizable);
+        let h = History::new();
+        prefix(&h);
+        h.invoke(0, update("r1", "v1"));
+        h.respond(0, HistoryRet::Applied(true));
+        assert!(!h.check().unwrap().linearizable);
+        // A tag seen before cannot come back.
+        let h = History::new();
+        prefix(&h);
+        h.invoke(0, HistoryOp::ReadAll);
+        h.respond(0, snapshot(1, "v1", &[("a", 3, "r1")]));
         assert!(!h.check().unwrap().linearizable);
     }
 

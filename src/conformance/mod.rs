@@ -261,7 +261,9 @@ fn definite(r: crate::error::Result<bool>) -> Option<bool> {
     }
 }
 
-/// (Orleans case 7) A heartbeat stores the time and moves neither the version nor the row tag.
+/// (Orleans case 7) A heartbeat stores the time and does not move the version. It gives the row
+/// a new tag (this crate's rule, see [`a_vote_decided_before_a_heartbeat_does_not_apply`]): a
+/// write decided on a read from before it must not apply.
 pub async fn i_am_alive_does_not_move_version<H: Harness + ?Sized>(h: &H) {
     let t = fresh(h, "alive").await;
     let v = t.read_all().await.unwrap().version;
@@ -277,7 +279,11 @@ pub async fn i_am_alive_does_not_move_version<H: Harness + ?Sized>(h: &H) {
     let after = t.read_row(&e.address).await.unwrap();
     assert_eq!(one_row(&after).entry.i_am_alive_time, alive);
     assert_eq!(after.version, before.version);
-    assert_eq!(one_row(&after).etag, one_row(&before).etag);
+    assert_ne!(
+        one_row(&after).etag,
+        one_row(&before).etag,
+        "a heartbeat that moves the I-am-alive time must change the row tag"
+    );
     let mut expected = e.clone();
     expected.i_am_alive_time = alive;
     assert_eq!(
@@ -285,6 +291,72 @@ pub async fn i_am_alive_does_not_move_version<H: Harness + ?Sized>(h: &H) {
         expected,
         "only the I-am-alive time may change"
     );
+}
+
+/// A death vote decided on a read is refused once the suspect's I-am-alive time moved after that
+/// read, even though neither the version nor the entry changed: a silo that heartbeats again
+/// must not be declared dead by a decision made while it was silent. A vote decided on a read
+/// taken after the heartbeat applies.
+pub async fn a_vote_decided_before_a_heartbeat_does_not_apply<H: Harness + ?Sized>(h: &H) {
+    let t = fresh(h, "vote-heartbeat").await;
+    let v = t.read_all().await.unwrap().version;
+    let suspect = new_entry(Timestamp::now()).with_status(SiloStatus::Active);
+    assert!(t.insert_row(&suspect, &v.next()).await.unwrap());
+    let voter = new_entry(Timestamp::now()).address;
+    for via_read_all in [true, false] {
+        let read = if via_read_all {
+            t.read_all().await.unwrap()
+        } else {
+            t.read_row(&suspect.address).await.unwrap()
+        };
+        let row = read
+            .get(&suspect.address)
+            .expect("the suspect's row")
+            .clone();
+        // The silo publishes a later I-am-alive time after the voter's read.
+        let alive = row
+            .entry
+            .i_am_alive_time
+            .saturating_add(Duration::from_secs(1));
+        t.update_i_am_alive(&suspect.address, alive).await.unwrap();
+        let before = t.read_all().await.unwrap();
+        for dead in [true, false] {
+            let mut vote = row.entry.clone();
+            vote.suspect_times.push(SuspectTime {
+                suspecting_silo: voter,
+                time: alive,
+            });
+            if dead {
+                vote.status = SiloStatus::Dead;
+            }
+            assert!(
+                !t.update_row(&vote, &row.etag, &read.version.next())
+                    .await
+                    .unwrap(),
+                "a vote (dead: {dead}, read via read_all: {via_read_all}) decided before the \
+                 suspect's heartbeat applied"
+            );
+        }
+        let after = t.read_all().await.unwrap();
+        assert_eq!(after, before, "a refused vote must change nothing");
+        assert_eq!(
+            after.get(&suspect.address).unwrap().entry.status,
+            SiloStatus::Active
+        );
+    }
+    // A vote decided on a read that shows the heartbeat applies.
+    let read = t.read_row(&suspect.address).await.unwrap();
+    let row = one_row(&read).clone();
+    let mut vote = row.entry.clone();
+    vote.status = SiloStatus::Dead;
+    assert!(
+        t.update_row(&vote, &row.etag, &read.version.next())
+            .await
+            .unwrap(),
+        "a vote decided after the heartbeat must apply"
+    );
+    let stored = t.read_row(&suspect.address).await.unwrap();
+    assert_eq!(one_row(&stored).entry.status, SiloStatus::Dead);
 }
 
 /// (Orleans case 8) Cleanup of defunct entries leaves exactly the fresh Joining and the old Active one.
@@ -603,6 +675,7 @@ macro_rules! conformance_tests {
             update_row_rounds,
             parallel_inserts_and_update_loops,
             i_am_alive_does_not_move_version,
+            a_vote_decided_before_a_heartbeat_does_not_apply,
             cleanup_defunct_leaves_fresh_and_active,
             cleanup_counts_suspicions_and_heartbeats,
             update_on_missing_row_returns_false_and_creates_nothing,

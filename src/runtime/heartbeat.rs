@@ -435,7 +435,10 @@ impl Heartbeat {
                     // Published again after the fence: the others may have declared this silo
                     // dead meanwhile, which the heartbeat need not have seen. Read the row
                     // before lifting the fence (only on this recovery path: no extra round trip
-                    // per heartbeat).
+                    // per heartbeat). The order matters: votes are conditioned on the heartbeat
+                    // element, so once this publish is acknowledged a vote decided earlier can
+                    // only still land if Paxos accepted it already, and this (serial) read
+                    // completes such a vote before it answers (README "Fencing").
                     let read = tokio::select! {
                         biased;
                         _ = stop_rx.changed() => {

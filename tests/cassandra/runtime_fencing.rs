@@ -112,15 +112,11 @@ async fn a_silo_declared_dead_by_another_table_value_learns_it_within_one_period
         *silo.health().borrow(),
         SiloHealth::Healthy { .. }
     ));
-    // Another silo's table value writes this silo's row Dead through update_row.
+    // Another silo's table value writes this silo's row Dead through update_row (read, write;
+    // again when a heartbeat of the silo landed in between).
     let other = table_on(&s, o);
-    let snapshot = other.read_row(&silo.address()).await.unwrap();
-    let row = snapshot.rows[0].clone();
-    let mut dead = row.entry.clone();
-    dead.status = SiloStatus::Dead;
     assert!(
-        other
-            .update_row(&dead, &row.etag, &snapshot.version.next())
+        protocol::set_status(&other, &silo.address(), SiloStatus::Dead, Timestamp::now())
             .await
             .unwrap()
     );
@@ -381,4 +377,177 @@ async fn a_fenced_silo_declared_dead_meanwhile_never_turns_healthy_when_the_node
     );
     assert_eq!(last, SiloHealth::DeclaredDead, "{seen:?}");
     silo.crash();
+}
+
+/// A table whose `update_row` of `suspect` waits for `release` before it is sent: a vote decided
+/// by a detector that is then delayed (a slow coordinator, a GC pause) before its write lands.
+#[derive(Debug)]
+struct HeldVotes {
+    inner: Arc<dyn MembershipTable>,
+    suspect: SiloAddress,
+    reached: tokio::sync::watch::Sender<bool>,
+    release: tokio::sync::watch::Receiver<bool>,
+}
+
+#[async_trait]
+impl MembershipTable for HeldVotes {
+    fn cluster_id(&self) -> &str {
+        self.inner.cluster_id()
+    }
+    async fn initialize(&self, v: bool) -> Result<()> {
+        self.inner.initialize(v).await
+    }
+    async fn read_all(&self) -> Result<MembershipSnapshot> {
+        self.inner.read_all().await
+    }
+    async fn read_row(&self, a: &SiloAddress) -> Result<MembershipSnapshot> {
+        self.inner.read_row(a).await
+    }
+    async fn insert_row(&self, e: &MembershipEntry, v: &TableVersion) -> Result<bool> {
+        self.inner.insert_row(e, v).await
+    }
+    async fn update_row(&self, e: &MembershipEntry, t: &ETag, v: &TableVersion) -> Result<bool> {
+        if e.address == self.suspect {
+            self.reached.send_replace(true);
+            let mut release = self.release.clone();
+            let _ = release.wait_for(|r| *r).await;
+        }
+        self.inner.update_row(e, t, v).await
+    }
+    async fn update_i_am_alive(&self, a: &SiloAddress, t: Timestamp) -> Result<HeartbeatOutcome> {
+        self.inner.update_i_am_alive(a, t).await
+    }
+    async fn cleanup_defunct(&self, b: Timestamp) -> Result<usize> {
+        self.inner.cleanup_defunct(b).await
+    }
+    async fn delete_cluster(&self, c: &str) -> Result<()> {
+        self.inner.delete_cluster(c).await
+    }
+}
+
+// A silo X loses the node and fences; a detector D decides, on a read showing X silent past the
+// detection horizon, to vote it dead, and its write is delayed. X comes back: it publishes, reads
+// its own row Active and is told Healthy. D's vote then reaches storage: it must not apply (X
+// would serve as a member while stored Dead).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vote_decided_while_a_silo_was_silent_cannot_land_after_it_was_told_healthy() {
+    let s = session_with_keyspace().await;
+    let mut m = fast();
+    m.heartbeat_retry_backoff = Duration::from_millis(50);
+    let o = options(&unique("late_vote")).membership(m.clone());
+    let cut = Arc::new(CutOff {
+        inner: Arc::new(table_on(&s, o.clone())),
+        cut: AtomicBool::new(false),
+        cut_reads: AtomicBool::new(true),
+    });
+    let x = Silo::join(
+        cut.clone(),
+        MembershipEntry::new(address(41), SiloStatus::Joining, Timestamp::now()),
+        m.clone(),
+    )
+    .await
+    .unwrap();
+    // The detector: a silo of its own (Active, heartbeating, so X never suspects it).
+    let d_table: Arc<dyn MembershipTable> = Arc::new(table_on(&s, o));
+    let d = address(42);
+    protocol::join(
+        d_table.as_ref(),
+        &MembershipEntry::new(d, SiloStatus::Active, Timestamp::now()),
+    )
+    .await
+    .unwrap();
+    let d_heartbeat = {
+        let t = Arc::clone(&d_table);
+        tokio::spawn(async move {
+            loop {
+                let _ = t.update_i_am_alive(&d, Timestamp::now()).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    let mut health = x.health();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        health.wait_for(|h| matches!(h, SiloHealth::Healthy { .. })),
+    )
+    .await
+    .expect("healthy within 10 s")
+    .unwrap();
+    cut.cut.store(true, Ordering::SeqCst);
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        health.wait_for(|h| matches!(h, SiloHealth::LeaseAtRisk { .. })),
+    )
+    .await
+    .expect("fenced within 10 s")
+    .unwrap();
+    // Silent past the detection horizon, as D's clock sees it.
+    let horizon = m
+        .i_am_alive_table_publish_timeout
+        .saturating_mul(m.num_missed_table_i_am_alive_limit);
+    let silent = Instant::now();
+    while d_table.read_row(&x.address()).await.unwrap().rows[0]
+        .entry
+        .i_am_alive_time
+        .saturating_add(horizon)
+        > Timestamp::now()
+    {
+        assert!(
+            silent.elapsed() < Duration::from_secs(10),
+            "X never fell silent"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // D votes alone, and its write is held once decided.
+    let (reached_tx, mut reached) = tokio::sync::watch::channel(false);
+    let (release, release_rx) = tokio::sync::watch::channel(false);
+    let held = Arc::new(HeldVotes {
+        inner: Arc::clone(&d_table),
+        suspect: x.address(),
+        reached: reached_tx,
+        release: release_rx,
+    });
+    let mut dm = m.clone();
+    dm.num_votes_for_death_declaration = 1;
+    dm.table_operation_timeout = Some(Duration::from_secs(30));
+    let round = tokio::spawn(async move {
+        protocol::detection_round(held.as_ref(), &d, &dm, Timestamp::now()).await
+    });
+    tokio::time::timeout(Duration::from_secs(10), reached.wait_for(|r| *r))
+        .await
+        .expect("D decides to vote X dead within 10 s")
+        .unwrap();
+    // X comes back and is told Healthy.
+    cut.cut.store(false, Ordering::SeqCst);
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        health.wait_for(|h| matches!(h, SiloHealth::Healthy { .. })),
+    )
+    .await
+    .expect("X recovers within 10 s")
+    .unwrap();
+    let healthy_at = Instant::now();
+    release.send_replace(true);
+    let round = round.await.unwrap().unwrap();
+    let stored = d_table.read_row(&x.address()).await.unwrap().rows[0]
+        .entry
+        .status;
+    eprintln!(
+        "D's vote landed {:?} after X was told Healthy: declared {:?}, X stored {stored:?}",
+        healthy_at.elapsed(),
+        round.declared
+    );
+    assert!(
+        round.declared.is_empty() && stored != SiloStatus::Dead,
+        "a vote decided while X was silent stored it {stored:?} after X was told Healthy \
+         (declared {:?})",
+        round.declared
+    );
+    assert!(
+        matches!(*x.health().borrow(), SiloHealth::Healthy { .. }),
+        "{:?}",
+        *x.health().borrow()
+    );
+    d_heartbeat.abort();
+    x.crash();
 }
