@@ -277,7 +277,7 @@ impl CassandraMembershipTable {
             operation,
             entry,
             expected_version: expected,
-            expected_row,
+            expected_row: expected_row.map(|(tag, _)| tag),
             new_version: version,
             new_row_etag,
             new_version_etag,
