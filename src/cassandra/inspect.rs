@@ -130,7 +130,8 @@ impl CassandraMembershipTable {
 
     /// Reads one cluster of any service in the table for an operator: its version and entries
     /// (the provider's linearizable read), and the remaining TTL of each (one plain read).
-    /// Writes nothing. A damaged version is [`MembershipError::CorruptData`].
+    /// Writes nothing. A damaged version is [`MembershipError::CorruptData`], and so is a version
+    /// lost while entries remain.
     #[instrument(level = "info", skip(self), fields(table = %self.shared.qualified, entries))]
     pub async fn inspect_cluster(
         &self,
@@ -152,6 +153,9 @@ impl CassandraMembershipTable {
             cluster_id,
         };
         let read = self.read_partition(pk).await?;
+        if read.version_lost {
+            return Err(super::read::lost_version_error(None));
+        }
         let read_at = Timestamp::now();
         let ttls = self.scan_partition(pk).await?;
         let version_ttl_seconds = ttls.first().and_then(|r| ttl_of(r.version_ttl));

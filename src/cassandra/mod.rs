@@ -393,11 +393,14 @@ impl MembershipTable for CassandraMembershipTable {
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, rows))]
     async fn read_all(&self) -> Result<MembershipSnapshot> {
-        let snapshot = self
+        let read = self
             .read_partition(self.pk())
             .await
-            .map_err(|e| self.named(e))?
-            .snapshot();
+            .map_err(|e| self.named(e))?;
+        if read.version_lost {
+            return Err(self.named(read::lost_version_error(None)));
+        }
+        let snapshot = read.snapshot();
         Span::current().record("rows", snapshot.rows.len());
         Ok(snapshot)
     }

@@ -99,6 +99,9 @@ pub(super) struct PartitionRead {
     /// Keys of rows with no cells left (only a row marker).
     pub(super) empty_rows: Vec<String>,
     pub(super) heartbeats: HashMap<String, StoredHeartbeat>,
+    /// Rows holding cells (entries, damaged rows) but no version: rows outlived it (see
+    /// `version.rs`). Answering the version absent would restart it at 1.
+    pub(super) version_lost: bool,
 }
 
 impl PartitionRead {
@@ -258,8 +261,8 @@ impl CassandraMembershipTable {
             let heartbeats = heartbeats?;
             let mut entries = Vec::new();
             let mut empty_rows = Vec::new();
-            // Clustering rows of any kind (entries, markers, damaged rows): the partition lives.
-            let mut silo_rows = 0usize;
+            // Rows holding cells (entries and damaged rows, not bare markers).
+            let mut entry_rows = 0usize;
             let mut consistent = true;
             let mut seen = 0usize;
             while let Some((result, next)) = page.take() {
@@ -285,11 +288,11 @@ impl CassandraMembershipTable {
                     if row.silo.is_none() {
                         continue; // the partition's static row: no entry
                     }
-                    silo_rows += 1;
                     if row.is_empty() {
                         empty_rows.extend(row.silo);
                         continue;
                     }
+                    entry_rows += 1;
                     match decode_entry(row) {
                         Ok(e) => entries.push(e),
                         Err((silo, reason)) => {
@@ -309,15 +312,8 @@ impl CassandraMembershipTable {
             if consistent {
                 // No row at all: the partition does not exist (no version yet, or deleted).
                 let (version, version_etag) = view.unwrap_or((None, None));
-                if silo_rows > 0
-                    && version.is_none()
-                    && version_etag.is_none()
-                    && self.recover_lost_version(pk).await?
-                {
-                    // Rows outlived their version: answering it absent would restart it at 1.
-                    continue;
-                }
                 return Ok(PartitionRead {
+                    version_lost: entry_rows > 0 && version.is_none() && version_etag.is_none(),
                     version: decode_version(version, version_etag)?,
                     version_etag,
                     entries,
@@ -388,12 +384,8 @@ impl CassandraMembershipTable {
             if row.is_empty() {
                 return Ok(None); // only a row marker is left: no entry (an insert may take the key)
             }
-            if row.version.is_none()
-                && row.version_etag.is_none()
-                && self.recover_lost_version(self.pk()).await?
-            {
-                // The row outlived its version: re-created (never backwards); read again.
-                continue;
+            if row.version.is_none() && row.version_etag.is_none() {
+                return Err(lost_version_error(Some(&key)));
             }
             let version = decode_version(row.version, row.version_etag)?;
             let stored = decode_entry(row)
@@ -425,9 +417,6 @@ impl CassandraMembershipTable {
                 silo: &key,
             };
             if let Some(row) = self.read_one_of(&st.read_row_from, from, &key).await? {
-                if lost_version(&row) && self.recover_lost_version(self.pk()).await? {
-                    continue;
-                }
                 return self.row_view(row, &key);
             }
             // Nothing at or after the key a moment ago. The last row now (or the static row of a
@@ -448,7 +437,6 @@ impl CassandraMembershipTable {
                 Some(row) if row.silo.as_deref().is_some_and(|s| s > key.as_str()) => {
                     debug!(silo = %key, "a row sorting after the silo appeared; reading again");
                 }
-                Some(row) if lost_version(&row) && self.recover_lost_version(self.pk()).await? => {}
                 Some(row) => return self.row_view(row, &key),
             }
         }
@@ -478,6 +466,13 @@ impl CassandraMembershipTable {
     /// neighbour) or only a row marker — no entry, at the version that row carries.
     fn row_view(&self, row: EntryWithStaticsRow, key: &str) -> Result<MembershipSnapshot> {
         let (row, heartbeat) = row.split();
+        if row.silo.is_some()
+            && !row.is_empty()
+            && row.version.is_none()
+            && row.version_etag.is_none()
+        {
+            return Err(lost_version_error(Some(key)));
+        }
         let version = decode_version(row.version, row.version_etag)?;
         if row.silo.as_deref() != Some(key) || row.is_empty() {
             return Ok(MembershipSnapshot {
@@ -492,9 +487,13 @@ impl CassandraMembershipTable {
     }
 }
 
-/// A clustering row whose partition has no version: rows outlived it.
-fn lost_version(row: &EntryWithStaticsRow) -> bool {
-    row.silo.is_some() && row.version.is_none() && row.version_etag.is_none()
+/// What a read answers for a partition whose entries outlived the version: never the version
+/// as absent (a write would restart it at 1). Reads never write; `initialize` re-creates it.
+pub(super) fn lost_version_error(silo: Option<&str>) -> MembershipError {
+    MembershipError::corrupt(
+        silo,
+        "the table version is missing while entries remain (an interrupted delete_cluster, or rows that outlived their version): a silo's initialize re-creates it above any earlier number, delete_cluster removes the rest",
+    )
 }
 
 /// A snapshot holding one entry, its heartbeat merged in.

@@ -5,8 +5,10 @@
 //! - a fault never lowers or removes the version's TTL: a write that cannot read the TTL the
 //!   version carries does not rewrite it (it fails, or answers `OutcomeUnknown`);
 //! - the version a reader sees never goes backwards for the life of a partition: a version lost
-//!   while rows stay (rows that outlived it, an interrupted `delete_cluster`) is re-created at a
-//!   number no earlier version of the partition can have reached, before anyone reads it.
+//!   while rows stay (rows that outlived it, an interrupted `delete_cluster`) is never read as
+//!   absent (reads answer `CorruptData` and write nothing, so `delete_cluster`'s close holds and
+//!   dry runs stay dry); a silo's `initialize` re-creates it at a number no earlier version of the
+//!   partition can have reached.
 
 use tracing::warn;
 use uuid::Uuid;
@@ -82,9 +84,9 @@ impl CassandraMembershipTable {
         }
     }
 
-    /// The TTL a re-created version needs to outlive every row, from the rows alone (the
-    /// partition may be another cluster's, inspected with another configuration): none if some
-    /// row has none, else the longest remaining row TTL. `None` when no row is left.
+    /// The TTL a re-created version needs to outlive every row, from the rows alone (silos of
+    /// other configurations may own them): none if some row has none, else the longest remaining
+    /// row TTL. `None` when no row holding an entry is left.
     async fn recovered_version_ttl(&self, pk: Pk<'_>) -> Result<Option<i32>> {
         let mut longest = None;
         for row in self.scan_partition(pk).await? {

@@ -22,3 +22,4 @@ mod secure;
 mod smoke;
 mod ttl_mismatch;
 mod under_load;
+mod version_lost;
