@@ -568,9 +568,11 @@ impl CassandraMembershipTable {
             // The version's TTL alone is what the provider's own protocol can leave behind (a
             // fence or a failed renewal of an earlier release, a rolling change of settings): it
             // is repaired under every policy, touching no entry.
-            info!(table = %audit.table, cluster = %self.cluster_id, "giving the table version the TTL its rows imply");
-            self.patch_partition(self.pk()).await?;
-            plan = self.plan_partition(self.pk()).await;
+            if let Ok(p) = &plan {
+                info!(table = %audit.table, cluster = %self.cluster_id, "giving the table version the TTL its rows imply");
+                self.repair_version(self.pk(), p).await?;
+                plan = self.plan_partition(self.pk()).await;
+            }
         } else if !audit.agrees() {
             match self.opts().ttl_mismatch {
                 super::TtlMismatchPolicy::Throw => {
@@ -598,6 +600,20 @@ impl CassandraMembershipTable {
                 }
             }
         }
+        // A version lost while entries remain is re-created above any earlier number under every
+        // policy: `initialize` must never answer it absent (it would start it again at 0).
+        for _ in 0..2 {
+            match &plan {
+                Ok(p) if p.read.version_lost => {
+                    self.recover_lost_version(self.pk()).await?;
+                    plan = self.plan_partition(self.pk()).await;
+                }
+                _ => break,
+            }
+        }
+        if matches!(&plan, Ok(p) if p.read.version_lost) {
+            return Err(super::read::lost_version_error(None));
+        }
         // What stays decides the version's TTL and whether storage covers cleanup.
         match plan {
             Ok(plan) => {
@@ -617,14 +633,46 @@ impl CassandraMembershipTable {
                     .store(!plan.leftovers && !open, Ordering::Relaxed);
                 Ok(version_present)
             }
-            Err(MembershipError::CorruptData { .. }) => {
+            // Damaged since the first plan (a concurrent change): nothing is written over it.
+            Err(e) => {
                 self.expiry_state
                     .unbounded_rows
                     .store(true, Ordering::Relaxed);
                 self.expiry_state.covered.store(false, Ordering::Relaxed);
-                Ok(false)
+                Err(e)
             }
-            Err(e) => Err(e),
+        }
+    }
+
+    /// Gives the version the TTL `plan` says, conditionally on its tag and touching nothing else
+    /// (the repair of a version-only disagreement, under every policy). A lost race or an
+    /// ambiguous outcome is left to the next write or start: every write applies the same rules.
+    async fn repair_version(&self, pk: Pk<'_>, plan: &PartitionPlan) -> Result<()> {
+        let read = &plan.read;
+        let Some(tag) = read.version_etag else {
+            if read.version_lost {
+                self.recover_lost_version(pk).await?;
+            }
+            return Ok(());
+        };
+        let ttl = match plan
+            .lines
+            .iter()
+            .find(|l| l.silo.is_none())
+            .map(|l| l.action)
+        {
+            Some(PatchAction::Rewrite { ttl_seconds }) => ttl_seconds as i32,
+            // An old version no row needs: it gets the write TTL and expires as everything else,
+            // rather than being removed (a removal would restart the version at 0).
+            Some(PatchAction::Remove) => self.write_ttl(),
+            _ => return Ok(()),
+        };
+        let st = self.statements().await?;
+        let values = self.version_values_in(pk, read.version.version as i64, tag, Some(tag), ttl);
+        match self.exec_conditional(&st.write_version, values).await {
+            Ok(reply) => reply.map(|_| ()),
+            Err(e) if may_have_applied(&e) => Ok(()),
+            Err(e) => Err(to_error("initialize (version TTL repair)", e)),
         }
     }
 

@@ -356,47 +356,39 @@ impl CassandraMembershipTable {
         } else {
             &st.read_row_quorum
         };
-        // A second read only after re-creating a lost version.
-        for _ in 0..2 {
-            let result = self
-                .exec_read(
-                    "read_row",
-                    statement,
-                    ReadRowValues {
-                        heartbeat_key: &key,
-                        service_id: self.service_id(),
-                        cluster_id: &self.cluster_id,
-                        silo: &key,
-                    },
-                    serial,
-                )
-                .await?;
-            let rows = result.into_rows_result().map_err(|e| {
-                MembershipError::corrupt(Some(&key), format!("read returned no rows result: {e}"))
-            })?;
-            let Some(row) = rows
-                .maybe_first_row::<EntryWithStaticsRow>()
-                .map_err(|e| self.shape_error(e))?
-            else {
-                return Ok(None);
-            };
-            let (row, heartbeat) = row.split();
-            if row.is_empty() {
-                return Ok(None); // only a row marker is left: no entry (an insert may take the key)
-            }
-            if row.version.is_none() && row.version_etag.is_none() {
-                return Err(lost_version_error(Some(&key)));
-            }
-            let version = decode_version(row.version, row.version_etag)?;
-            let stored = decode_entry(row)
-                .map_err(|(_, reason)| MembershipError::corrupt(Some(&key), reason))?;
-            return Ok(Some((stored, version, heartbeat)));
+        let result = self
+            .exec_read(
+                "read_row",
+                statement,
+                ReadRowValues {
+                    heartbeat_key: &key,
+                    service_id: self.service_id(),
+                    cluster_id: &self.cluster_id,
+                    silo: &key,
+                },
+                serial,
+            )
+            .await?;
+        let rows = result.into_rows_result().map_err(|e| {
+            MembershipError::corrupt(Some(&key), format!("read returned no rows result: {e}"))
+        })?;
+        let Some(row) = rows
+            .maybe_first_row::<EntryWithStaticsRow>()
+            .map_err(|e| self.shape_error(e))?
+        else {
+            return Ok(None);
+        };
+        let (row, heartbeat) = row.split();
+        if row.is_empty() {
+            return Ok(None); // only a row marker is left: no entry (an insert may take the key)
         }
-        Err(MembershipError::Contention {
-            operation: "read_row",
-            attempts: 2,
-            elapsed: std::time::Duration::ZERO,
-        })
+        if row.version.is_none() && row.version_etag.is_none() {
+            return Err(lost_version_error(Some(&key)));
+        }
+        let version = decode_version(row.version, row.version_etag)?;
+        let stored = decode_entry(row)
+            .map_err(|(_, reason)| MembershipError::corrupt(Some(&key), reason))?;
+        Ok(Some((stored, version, heartbeat)))
     }
 
     /// `read_row`: the entry with the version, or the version alone, as one linearizable view.

@@ -152,3 +152,46 @@ async fn delete_cluster_racing_a_reader_leaves_nothing() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// A starting silo whose settings disagree with the rows (a rolling change of
+/// DefunctSiloExpiration under `allow`) meets a partition that lost its version: it re-creates
+/// the version above the one the partition had, never at 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_under_allow_recreates_a_lost_version_above_the_one_it_had() {
+    let s = session_with_keyspace().await;
+    let table = unique("lostallow").replace('-', "_")[..24].to_owned();
+    let cluster = unique("lost-allow");
+    // Silos running with expiry off: rows without TTL, the version moved to 5.
+    let old = table_on(&s, options(&cluster).table(&table));
+    old.initialize(true).await.unwrap();
+    insert_many(&old, 5).await;
+    let before = old.read_all().await.unwrap().version.version;
+    assert_eq!(before, 5);
+    s.query_unpaged(
+        format!(
+            "DELETE version, version_etag FROM {KEYSPACE}.{table} WHERE service_id = 'test-service' AND cluster_id = ?"
+        ),
+        (&cluster,),
+    )
+    .await
+    .unwrap();
+    let mut m = cassandra_membership::MembershipOptions::default();
+    m.defunct_silo_expiration = Duration::from_secs(4);
+    m.i_am_alive_table_publish_timeout = Duration::from_millis(500);
+    let new = table_on(
+        &s,
+        options(&cluster)
+            .table(&table)
+            .ttl(true)
+            .membership(m)
+            .ttl_mismatch(cassandra_membership::TtlMismatchPolicy::Allow),
+    );
+    new.initialize(true).await.unwrap();
+    let after = new.read_all().await.unwrap();
+    assert!(
+        after.version.version > before,
+        "the version went backwards: {before} -> {}",
+        after.version.version
+    );
+    assert_eq!(after.rows.len(), 5);
+}
