@@ -74,6 +74,18 @@ pub enum HistoryRet {
     Applied(bool),
 }
 
+/// The part of a row etag that names the row's write: a Cassandra etag also names the heartbeat
+/// element the read saw (`<uuid>/<start>/<alive>`), which heartbeats — not recorded — move. Keeping
+/// it would make every heartbeat a tag change the checker must place, and the search explode.
+/// (A write refused because a heartbeat moved answers `false`, which is always a valid step.)
+pub fn row_identity(etag: &crate::model::ETag) -> String {
+    etag.as_str()
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
 impl HistoryRet {
     /// The return of a `read_all`. The marker of an entry is its `update_zone`: the workload
     /// stores each write's marker there.
@@ -90,7 +102,7 @@ impl HistoryRet {
                         (
                             r.entry.status.code(),
                             r.entry.update_zone,
-                            r.etag.as_str().to_owned(),
+                            row_identity(&r.etag),
                         ),
                     )
                 })

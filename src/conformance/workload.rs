@@ -251,7 +251,7 @@ async fn client_loop(
                 silo: entry.address.to_string(),
                 status: entry.status.code(),
                 marker,
-                expected_row_etag: row.etag.as_str().to_owned(),
+                expected_row_etag: super::history::row_identity(&row.etag),
                 expected_version_etag,
                 version,
             };

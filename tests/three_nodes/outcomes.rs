@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cassandra_membership::conformance::new_entry;
-use cassandra_membership::{MembershipTable, SiloStatus, Timestamp};
+use cassandra_membership::{SiloStatus, Timestamp};
 
 use super::{SERIAL, clients, heal, keyspace, node, nodes, unique};
 
