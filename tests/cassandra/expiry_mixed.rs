@@ -265,7 +265,20 @@ async fn a_failed_partition_scan_never_stops_a_renewal() {
     t.initialize(true).await.unwrap();
     let e = new_entry(Timestamp::now());
     insert(&t, &e).await;
+    // The silo keeps heartbeating while the tombstones are written (that takes longer than the
+    // TTL on a slow node).
+    let t = Arc::new(t);
+    let beating = {
+        let (t, address) = (Arc::clone(&t), e.address);
+        tokio::spawn(async move {
+            loop {
+                let _ = t.update_i_am_alive(&address, Timestamp::now()).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
     overwhelm_with_tombstones(&s, &table, &cluster).await;
+    beating.abort();
     let scan = s
         .query_unpaged(
             format!("SELECT silo, TTL(etag) FROM {KEYSPACE}.{table} WHERE service_id = 'svc' AND cluster_id = ?"),

@@ -283,17 +283,25 @@ async fn rolling_change_off_to_on_loses_no_entry_and_keeps_the_version() {
     insert(new.as_ref(), &n1).await;
     let new_beat = heartbeater(Arc::clone(&new), n1.clone());
     // The new silo votes against an old one: a membership write on a row it does not renew.
-    let snap = new.read_row(&o1.address).await.unwrap();
-    let mut voted = snap.rows[0].entry.clone();
-    voted.suspect_times.push(cassandra_membership::SuspectTime {
-        suspecting_silo: n1.address,
-        time: Timestamp::now(),
-    });
-    assert!(
-        new.update_row(&voted, &snap.rows[0].etag, &snap.version.next())
+    // (o1 heartbeats: a vote decided on a read before one of its heartbeats loses; read again.)
+    let mut voted_once = false;
+    for _ in 0..20 {
+        let snap = new.read_row(&o1.address).await.unwrap();
+        let mut voted = snap.rows[0].entry.clone();
+        voted.suspect_times.push(cassandra_membership::SuspectTime {
+            suspecting_silo: n1.address,
+            time: Timestamp::now(),
+        });
+        if new
+            .update_row(&voted, &snap.rows[0].etag, &snap.version.next())
             .await
             .unwrap()
-    );
+        {
+            voted_once = true;
+            break;
+        }
+    }
+    assert!(voted_once, "the vote never applied in 20 rounds");
     let v = watch_entries(&new, &[&o1, &o2, &n1], Duration::from_secs(3 * TTL + 1), 0).await;
     // The new silo stops; the old ones keep running for longer than the TTL.
     new_beat.abort();
@@ -337,14 +345,22 @@ async fn rolling_change_on_to_off_loses_no_entry_and_keeps_the_version() {
     let off_beat = heartbeater(Arc::clone(&off), o1.clone());
     // Let the silo with expiry on renew at least once, then vote on the new silo's row.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let snap = on.read_row(&o1.address).await.unwrap();
-    let mut voted = snap.rows[0].entry.clone();
-    voted.status = SiloStatus::Active;
-    assert!(
-        on.update_row(&voted, &snap.rows[0].etag, &snap.version.next())
+    // A write decided on a read loses to a heartbeat of that row in between: read again.
+    let mut voted_once = false;
+    for _ in 0..20 {
+        let snap = on.read_row(&o1.address).await.unwrap();
+        let mut voted = snap.rows[0].entry.clone();
+        voted.status = SiloStatus::Active;
+        if on
+            .update_row(&voted, &snap.rows[0].etag, &snap.version.next())
             .await
             .unwrap()
-    );
+        {
+            voted_once = true;
+            break;
+        }
+    }
+    assert!(voted_once, "the vote never applied in 20 rounds");
     let v = watch_entries(&off, &[&o1, &n1], Duration::from_secs(3 * TTL + 1), 0).await;
     on_beat.abort();
     watch_entries(&off, &[&o1], Duration::from_secs(2 * WRITE_TTL as u64), v).await;
