@@ -440,6 +440,14 @@ impl CassandraMembershipTable {
             }
             Ok(Ok(_)) => match self.read_one(address, true).await {
                 Ok(Some((row, _, _))) if row.etag == w.new_row_etag => Ok(true),
+                // The fence lost to a write that moved the version away from the tag ours
+                // expects, so ours can no longer apply; whether it did before, the row may prove.
+                Ok(Some((row, version, _)))
+                    if w.provably_lost(Some(row.etag), i64::try_from(version.version).ok()) =>
+                {
+                    info!(operation, silo = %address, "ambiguous conditional write lost to another write at its version");
+                    Ok(false)
+                }
                 Ok(_) => Err(unknown(
                     "another write moved the table before the fence; whether this write applied first cannot be told".into(),
                     err,
