@@ -16,11 +16,11 @@ use cassandra_membership::{
 };
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
-use scylla::errors::{DbError, WriteType};
+use scylla::errors::DbError;
 use scylla::statement::Consistency;
 use scylla_proxy::{Condition, RequestOpcode, RequestReaction, RequestRule, RunningProxy};
 
-use crate::outcomes::start_proxy;
+use crate::outcomes::{cas_write_timeout, start_proxy};
 use crate::utils::{KEYSPACE, count_rows, options, session_with_keyspace, table_on, unique};
 
 const TTL: Duration = Duration::from_secs(4);
@@ -100,15 +100,6 @@ async fn assert_gone_within_the_bound(s: &Session, cluster: &str, since: Instant
             version_ttl(s, cluster).await
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn cas_write_timeout() -> DbError {
-    DbError::WriteTimeout {
-        consistency: Consistency::Serial,
-        received: 0,
-        required: 1,
-        write_type: WriteType::Cas,
     }
 }
 

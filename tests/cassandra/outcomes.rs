@@ -79,7 +79,8 @@ fn hold_back_next_answer(proxy: &mut RunningProxy) {
     )]));
 }
 
-fn cas_write_timeout() -> DbError {
+/// A CAS write timeout as a coordinator reports it: the write may or may not have applied.
+pub(crate) fn cas_write_timeout() -> DbError {
     DbError::WriteTimeout {
         consistency: Consistency::Serial,
         received: 0,
