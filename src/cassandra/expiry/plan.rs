@@ -445,3 +445,7 @@ impl Plan {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;
