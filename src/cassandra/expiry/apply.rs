@@ -15,7 +15,9 @@ use super::plan::{CellPatch, Plan, RowPatch, VersionPatch};
 use super::ttl::TtlRules;
 use crate::cassandra::driver_errors::{may_have_applied, to_error};
 use crate::cassandra::statements::{Statements, alter_table_ttl_cql};
-use crate::cassandra::values::{DeleteEntryValues, DeleteStaticsValues, Pk, UpdateEntryValues};
+use crate::cassandra::values::{
+    DeleteEntryValues, DeleteStaticsValues, Pk, UpdateEntryValues, WriteVersionValues,
+};
 use crate::cassandra::{CassandraMembershipTable, MAX_ATTEMPTS, TtlMismatchPolicy};
 use crate::error::{MembershipError, Result};
 use crate::model::Timestamp;
@@ -48,16 +50,6 @@ fn settle(outcome: std::result::Result<Result<bool>, ExecutionError>) -> Result<
 struct PatchCounts {
     rewritten: usize,
     removed: usize,
-}
-
-/// What every write of one attempt of a patch is made against.
-#[derive(Clone, Copy)]
-struct PatchTarget<'a> {
-    st: &'a Statements,
-    pk: Pk<'a>,
-    plan: &'a Plan,
-    /// The version's tag as the plan read it: every write expects it, and keeps it.
-    version_etag: Uuid,
 }
 
 impl CassandraMembershipTable {
@@ -197,14 +189,15 @@ impl CassandraMembershipTable {
                 // Nothing to re-create it from: the patch gives up, as one that keeps losing.
                 break;
             };
-            let target = PatchTarget {
+            let attempt = PatchAttempt {
+                table: self,
                 st,
                 pk,
                 plan: &plan,
                 version_etag,
             };
-            if self.patch_rows(target, &mut counts).await? == Step::Replan
-                || self.patch_version(target).await? == Step::Replan
+            if attempt.rows(&mut counts).await? == Step::Replan
+                || attempt.version().await? == Step::Replan
             {
                 continue;
             }
@@ -216,94 +209,6 @@ impl CassandraMembershipTable {
             attempts: MAX_ATTEMPTS,
             elapsed: started.elapsed(),
         })
-    }
-
-    /// Rewrites (in a batch with the version, which keeps its tag) or removes the rows the plan
-    /// says, in its order; stops at the first write that does not apply.
-    async fn patch_rows(&self, target: PatchTarget<'_>, counts: &mut PatchCounts) -> Result<Step> {
-        let PatchTarget {
-            st,
-            pk,
-            plan,
-            version_etag,
-        } = target;
-        for patch in plan.row_patches() {
-            let step = match patch {
-                RowPatch::Rewrite {
-                    silo,
-                    stored,
-                    heartbeat,
-                    ttl,
-                } => {
-                    let entry = || self.entry_values_in(pk, &stored.entry, silo, stored.etag, ttl);
-                    let values = (
-                        entry(),
-                        UpdateEntryValues {
-                            entry: entry(),
-                            expected_etag: Some(stored.etag),
-                            heartbeat_key: silo,
-                            expected_heartbeat: heartbeat,
-                        },
-                        self.version_values_in(
-                            pk,
-                            plan.read.version.version as i64,
-                            version_etag,
-                            Some(version_etag),
-                            plan.batch_version_ttl(),
-                        ),
-                    );
-                    counts.rewritten += 1;
-                    settle(self.exec_conditional_batch(&st.patch_batch, values).await)?
-                }
-                RowPatch::Remove {
-                    silo,
-                    stored,
-                    heartbeat,
-                } => {
-                    let values = DeleteEntryValues {
-                        service_id: pk.service_id,
-                        cluster_id: pk.cluster_id,
-                        silo,
-                        expected_etag: stored.etag,
-                        heartbeat_key: silo,
-                        expected_heartbeat: heartbeat,
-                    };
-                    counts.removed += 1;
-                    settle(self.exec_conditional(&st.delete_entry, values).await)?
-                }
-            };
-            if step == Step::Replan {
-                return Ok(Step::Replan);
-            }
-        }
-        Ok(Step::Applied)
-    }
-
-    /// The version alone once the rows are done: its rewrite, or its removal when nothing stays.
-    async fn patch_version(&self, target: PatchTarget<'_>) -> Result<Step> {
-        let PatchTarget {
-            st,
-            pk,
-            plan,
-            version_etag,
-        } = target;
-        match plan.version_patch() {
-            VersionPatch::Leave => Ok(Step::Applied),
-            VersionPatch::DeleteStatics => {
-                let values = DeleteStaticsValues {
-                    service_id: pk.service_id,
-                    cluster_id: pk.cluster_id,
-                    expected_version_etag: Some(version_etag),
-                };
-                settle(self.exec_conditional(&st.delete_statics, values).await)
-            }
-            VersionPatch::Rewrite { ttl } => {
-                let version = plan.read.version.version as i64;
-                let values =
-                    self.version_values_in(pk, version, version_etag, Some(version_etag), ttl);
-                settle(self.exec_conditional(&st.write_version, values).await)
-            }
-        }
     }
 
     /// Gives heartbeat elements the TTL the configuration implies, or removes them
@@ -331,5 +236,103 @@ impl CassandraMembershipTable {
             }
         }
         Ok(())
+    }
+}
+
+/// One attempt of a patch: the writes of one plan, each expecting the tags the plan was read
+/// with.
+#[derive(Clone, Copy)]
+struct PatchAttempt<'a> {
+    table: &'a CassandraMembershipTable,
+    st: &'a Statements,
+    pk: Pk<'a>,
+    plan: &'a Plan,
+    /// The version's tag as the plan read it: every write expects it, and keeps it.
+    version_etag: Uuid,
+}
+
+impl PatchAttempt<'_> {
+    /// The version as read, unchanged but for its TTL, expecting (and keeping) its tag.
+    fn kept_version(&self, ttl: i32) -> WriteVersionValues<'_> {
+        let version = self.plan.read.version.version as i64;
+        let tag = self.version_etag;
+        self.table
+            .version_values_in(self.pk, version, tag, Some(tag), ttl)
+    }
+
+    /// Rewrites (in a batch with the version, which keeps its tag) or removes the rows the plan
+    /// says, in its order; stops at the first write that does not apply.
+    async fn rows(&self, counts: &mut PatchCounts) -> Result<Step> {
+        let Self {
+            table,
+            st,
+            pk,
+            plan,
+            ..
+        } = *self;
+        for patch in plan.row_patches() {
+            let step = match patch {
+                RowPatch::Rewrite {
+                    silo,
+                    stored,
+                    heartbeat,
+                    ttl,
+                } => {
+                    let entry = || table.entry_values_in(pk, &stored.entry, silo, stored.etag, ttl);
+                    let values = (
+                        entry(),
+                        UpdateEntryValues {
+                            entry: entry(),
+                            expected_etag: Some(stored.etag),
+                            heartbeat_key: silo,
+                            expected_heartbeat: heartbeat,
+                        },
+                        self.kept_version(plan.batch_version_ttl()),
+                    );
+                    counts.rewritten += 1;
+                    settle(table.exec_conditional_batch(&st.patch_batch, values).await)?
+                }
+                RowPatch::Remove {
+                    silo,
+                    stored,
+                    heartbeat,
+                } => {
+                    let values = DeleteEntryValues {
+                        service_id: pk.service_id,
+                        cluster_id: pk.cluster_id,
+                        silo,
+                        expected_etag: stored.etag,
+                        heartbeat_key: silo,
+                        expected_heartbeat: heartbeat,
+                    };
+                    counts.removed += 1;
+                    settle(table.exec_conditional(&st.delete_entry, values).await)?
+                }
+            };
+            if step == Step::Replan {
+                return Ok(Step::Replan);
+            }
+        }
+        Ok(Step::Applied)
+    }
+
+    /// The version alone once the rows are done: its rewrite, or its removal when nothing stays.
+    async fn version(&self) -> Result<Step> {
+        let (table, st) = (self.table, self.st);
+        match self.plan.version_patch() {
+            VersionPatch::Leave => Ok(Step::Applied),
+            VersionPatch::DeleteStatics => {
+                let values = DeleteStaticsValues {
+                    service_id: self.pk.service_id,
+                    cluster_id: self.pk.cluster_id,
+                    expected_version_etag: Some(self.version_etag),
+                };
+                settle(table.exec_conditional(&st.delete_statics, values).await)
+            }
+            VersionPatch::Rewrite { ttl } => {
+                let values = self.kept_version(ttl);
+                settle(table.exec_conditional(&st.write_version, values).await)
+            }
+        }
     }
 }
