@@ -15,7 +15,7 @@
 //!
 //! Other clusters' rows are never read for the verdict and never written.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant};
@@ -26,12 +26,14 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use super::CassandraMembershipTable;
-use super::driver_errors::{may_have_applied, to_error};
+use super::bind::{
+    DeleteEntryValues, DeleteStaticsValues, EntryValues, Pk, SiloKey, UpdateEntryValues,
+    WriteVersionValues,
+};
+use super::heartbeats::merge_heartbeat;
 use super::options::MAX_TTL_SECONDS;
 use super::read::PartitionRead;
-use super::rows::merge_heartbeat;
 use super::statements::alter_table_ttl_cql;
-use super::values::{DeleteEntryValues, DeleteStaticsValues, Pk, SiloKey, UpdateEntryValues};
 use crate::error::{MembershipError, Result};
 use crate::model::{SiloStatus, Timestamp};
 
@@ -185,14 +187,16 @@ impl CassandraMembershipTable {
     /// How much longer than the TTL it writes a stored TTL may read and still agree: `TTL()`
     /// is computed on the reading coordinator's clock, which may be ahead of the writer's.
     fn ttl_tolerance(&self) -> u64 {
-        self.opts().renewal_seconds()
+        self.options().renewal_seconds()
     }
 
     /// True when a row with this remaining TTL expires within what this configuration renews.
     fn bounded(&self, ttl: Option<i32>) -> bool {
         match ttl {
             None => false,
-            Some(t) => (t.max(0) as u64) <= self.opts().write_ttl_seconds() + self.ttl_tolerance(),
+            Some(t) => {
+                (t.max(0) as u64) <= self.options().write_ttl_seconds() + self.ttl_tolerance()
+            }
         }
     }
 
@@ -227,7 +231,7 @@ impl CassandraMembershipTable {
 
     /// Whether storage covers defunct cleanup for this cluster (see README "Expiry").
     pub(super) fn storage_covers_cleanup(&self) -> bool {
-        self.opts().ttl_seconds().is_some() && self.expiry_state.covered.load(Ordering::Relaxed)
+        self.options().ttl_seconds().is_some() && self.expiry_state.covered.load(Ordering::Relaxed)
     }
 
     /// Reports, without writing anything, how the table default and every row of this
@@ -265,7 +269,7 @@ impl CassandraMembershipTable {
         let audit = TtlAudit {
             table: self.shared.qualified.clone(),
             table_default_ttl,
-            configured_ttl: self.opts().ttl_seconds().unwrap_or(0),
+            configured_ttl: self.options().ttl_seconds().unwrap_or(0),
             rows,
         };
         Ok((audit, plan))
@@ -326,7 +330,7 @@ impl CassandraMembershipTable {
     /// partition: the renewal reads its own TTLs instead, and the next one scans again.
     pub(super) async fn renewal_ttls(&self, silo: &str) -> Result<Option<(i32, i32)>> {
         let w = self.write_ttl();
-        let renewal = Duration::from_secs(self.opts().renewal_seconds());
+        let renewal = Duration::from_secs(self.options().renewal_seconds());
         let due = {
             let mut at = self
                 .expiry_state
@@ -402,7 +406,7 @@ impl CassandraMembershipTable {
     /// without TTL was written by a silo with expiry off (maybe an older binary), which never
     /// renews it. Whatever cannot be read as expected gets no TTL (the safe side).
     pub(super) async fn ttls_for_write(&self, silo: &str, insert: bool) -> Result<(i32, i32)> {
-        if self.opts().ttl_seconds().is_none() {
+        if self.options().ttl_seconds().is_none() {
             return Ok((0, 0));
         }
         let w = self.write_ttl();
@@ -427,8 +431,8 @@ impl CassandraMembershipTable {
         let now = Timestamp::now();
         let read = self.read_partition(pk).await?;
         let scan = self.scan_partition(pk).await?;
-        let ttl_on = self.opts().ttl_seconds().is_some();
-        let w = self.opts().write_ttl_seconds();
+        let ttl_on = self.options().ttl_seconds().is_some();
+        let w = self.options().write_ttl_seconds();
         let cap = w + self.ttl_tolerance();
         let line = |silo: Option<String>, current: Option<i32>, action| RowAudit {
             service_id: pk.service_id.to_owned(),
@@ -574,7 +578,7 @@ impl CassandraMembershipTable {
                 plan = self.plan_partition(self.pk()).await;
             }
         } else if !audit.agrees() {
-            match self.opts().ttl_mismatch {
+            match self.options().ttl_mismatch {
                 super::TtlMismatchPolicy::Throw => {
                     return Err(MembershipError::TtlMismatch {
                         table: audit.table.clone(),
@@ -668,12 +672,10 @@ impl CassandraMembershipTable {
             _ => return Ok(()),
         };
         let st = self.statements().await?;
-        let values = self.version_values_in(pk, read.version.version as i64, tag, Some(tag), ttl);
-        match self.exec_conditional(&st.write_version, values).await {
-            Ok(reply) => reply.map(|_| ()),
-            Err(e) if may_have_applied(&e) => Ok(()),
-            Err(e) => Err(to_error("initialize (version TTL repair)", e)),
-        }
+        let values = WriteVersionValues::new(pk, read.version.version as i64, tag, Some(tag), ttl);
+        self.conditional("initialize (version TTL repair)", &st.write_version, values)
+            .await
+            .map(|_| ())
     }
 
     async fn patch_ttl(&self, audit: &TtlAudit) -> Result<()> {
@@ -701,15 +703,7 @@ impl CassandraMembershipTable {
         let st = self.statements().await?;
         let (mut rewritten, mut removed) = (0, 0);
         let started = std::time::Instant::now();
-        // Ok(true): applied; Ok(false): lost a race or unknown outcome (re-plan; every step is
-        // safe to repeat); Err: a hard error.
-        let settle = |r: std::result::Result<Result<bool>, scylla::errors::ExecutionError>| match r
-        {
-            Ok(Ok(applied)) => Ok(applied),
-            Ok(Err(e)) => Err(e),
-            Err(e) if may_have_applied(&e) => Ok(false),
-            Err(e) => Err(to_error(PATCH, e)),
-        };
+        // Not applied, or an unknown outcome: re-plan (every step is safe to repeat).
         'attempt: for _ in 0..super::MAX_ATTEMPTS {
             let plan = self.plan_partition(pk).await?;
             let read = &plan.read;
@@ -735,20 +729,14 @@ impl CassandraMembershipTable {
                     PatchAction::Rewrite { ttl_seconds } => {
                         let ttl = ttl_seconds as i32;
                         let values = (
-                            self.entry_values_in(pk, &stored.entry, silo, stored.etag, ttl),
+                            EntryValues::new(pk, &stored.entry, silo, stored.etag, ttl),
                             UpdateEntryValues {
-                                entry: self.entry_values_in(
-                                    pk,
-                                    &stored.entry,
-                                    silo,
-                                    stored.etag,
-                                    ttl,
-                                ),
+                                entry: EntryValues::new(pk, &stored.entry, silo, stored.etag, ttl),
                                 expected_etag: Some(stored.etag),
                                 heartbeat_key: silo,
                                 expected_heartbeat: read.heartbeats.get(silo).copied(),
                             },
-                            self.version_values_in(
+                            WriteVersionValues::new(
                                 pk,
                                 read.version.version as i64,
                                 version_etag,
@@ -761,7 +749,9 @@ impl CassandraMembershipTable {
                             ),
                         );
                         rewritten += 1;
-                        settle(self.exec_conditional_batch(&st.patch_batch, values).await)?
+                        self.conditional(PATCH, &st.patch_batch, values)
+                            .await?
+                            .applied()
                     }
                     PatchAction::Remove => {
                         let values = DeleteEntryValues {
@@ -773,7 +763,9 @@ impl CassandraMembershipTable {
                             expected_heartbeat: read.heartbeats.get(silo).copied(),
                         };
                         removed += 1;
-                        settle(self.exec_conditional(&st.delete_entry, values).await)?
+                        self.conditional(PATCH, &st.delete_entry, values)
+                            .await?
+                            .applied()
                     }
                     _ => true,
                 };
@@ -789,8 +781,9 @@ impl CassandraMembershipTable {
                     .filter(|l| l.silo.is_some() && l.action == PatchAction::Remove)
                     .count();
                 let applied = match v.action {
-                    PatchAction::Remove if read.entries.len() == removes => settle(
-                        self.exec_conditional(
+                    PatchAction::Remove if read.entries.len() == removes => self
+                        .conditional(
+                            PATCH,
                             &st.delete_statics,
                             DeleteStaticsValues {
                                 service_id: pk.service_id,
@@ -798,12 +791,13 @@ impl CassandraMembershipTable {
                                 expected_version_etag: Some(version_etag),
                             },
                         )
-                        .await,
-                    )?,
-                    PatchAction::Rewrite { ttl_seconds } => settle(
-                        self.exec_conditional(
+                        .await?
+                        .applied(),
+                    PatchAction::Rewrite { ttl_seconds } => self
+                        .conditional(
+                            PATCH,
                             &st.write_version,
-                            self.version_values_in(
+                            WriteVersionValues::new(
                                 pk,
                                 read.version.version as i64,
                                 version_etag,
@@ -811,8 +805,8 @@ impl CassandraMembershipTable {
                                 ttl_seconds as i32,
                             ),
                         )
-                        .await,
-                    )?,
+                        .await?
+                        .applied(),
                     _ => true,
                 };
                 if !applied {
@@ -835,8 +829,8 @@ impl CassandraMembershipTable {
     /// later delete (stamped with the element's write time) still removes it.
     async fn patch_heartbeats(&self, pk: Pk<'_>, plan: &PartitionPlan) -> Result<()> {
         let now = Timestamp::now();
-        let ttl_on = self.opts().ttl_seconds().is_some();
-        let w = self.opts().write_ttl_seconds();
+        let ttl_on = self.options().ttl_seconds().is_some();
+        let w = self.options().write_ttl_seconds();
         for cell in self.read_heartbeat_cells(pk, PATCH).await? {
             if plan.live_kept.contains(&cell.key) {
                 continue;
@@ -873,61 +867,6 @@ impl CassandraMembershipTable {
     }
 }
 
-/// A heartbeat element as stored, with its write time (µs) and TTL.
-pub(super) struct HeartbeatCell {
-    pub(super) key: String,
-    pub(super) value: Option<super::rows::StoredHeartbeat>,
-    pub(super) written: Option<i64>,
-    pub(super) ttl: Option<i32>,
-}
-
-impl HeartbeatCell {
-    /// Elements read without their write times (`read_heartbeat_values.cql`): each is taken to
-    /// be written at its own I-am-alive time (µs), as the provider writes every heartbeat; an
-    /// element without one cannot be dated and is left alone. TTLs are unknown.
-    pub(super) fn without_write_times(
-        elements: BTreeMap<String, super::rows::StoredHeartbeat>,
-    ) -> Vec<HeartbeatCell> {
-        elements
-            .into_iter()
-            .map(|(key, value)| HeartbeatCell {
-                key,
-                written: value.1.map(|t| t.0.saturating_mul(1000)),
-                value: Some(value),
-                ttl: None,
-            })
-            .collect()
-    }
-}
-
-/// `read_heartbeats.cql`: the map and its per-element write times and TTLs, in key order.
-#[derive(DeserializeRow)]
-pub(super) struct HeartbeatCellsRow {
-    pub(super) heartbeats: Option<BTreeMap<String, super::rows::StoredHeartbeat>>,
-    pub(super) written: Option<Vec<Option<i64>>>,
-    pub(super) ttls: Option<Vec<Option<i32>>>,
-}
-
-impl HeartbeatCellsRow {
-    pub(super) fn cells(self) -> Vec<HeartbeatCell> {
-        let written = self.written.unwrap_or_default();
-        let ttls = self.ttls.unwrap_or_default();
-        // Cassandra lists write times and TTLs in the map's key order (UTF-8 byte order, the
-        // order of a BTreeMap of Strings).
-        self.heartbeats
-            .unwrap_or_default()
-            .into_iter()
-            .enumerate()
-            .map(|(i, (key, value))| HeartbeatCell {
-                key,
-                value: Some(value),
-                written: written.get(i).copied().flatten(),
-                ttl: ttls.get(i).copied().flatten(),
-            })
-            .collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -943,25 +882,6 @@ mod tests {
         assert!(remaining_seconds(Timestamp::from_millis(i64::MIN), now, 6) < 0);
         assert_eq!(clamp_ttl(i64::MAX, 6), 6);
         assert_eq!(clamp_ttl(4_102_444_800, 900_000_000), 630_720_000);
-    }
-
-    #[test]
-    fn without_write_times_an_element_is_dated_by_its_own_i_am_alive_time() {
-        use scylla::value::CqlTimestamp;
-        let cells = HeartbeatCell::without_write_times(BTreeMap::from([
-            (
-                "a".to_owned(),
-                (Some(CqlTimestamp(1)), Some(CqlTimestamp(5_000))),
-            ),
-            ("b".to_owned(), (Some(CqlTimestamp(1)), None)),
-            ("c".to_owned(), (None, Some(CqlTimestamp(i64::MIN)))),
-        ]));
-        let written: Vec<_> = cells.iter().map(|c| (c.key.as_str(), c.written)).collect();
-        assert_eq!(
-            written,
-            [("a", Some(5_000_000)), ("b", None), ("c", Some(i64::MIN))]
-        );
-        assert!(cells.iter().all(|c| c.ttl.is_none()));
     }
 
     #[test]
