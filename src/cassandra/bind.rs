@@ -4,15 +4,9 @@ use scylla::SerializeRow;
 use scylla::value::CqlTimestamp;
 use uuid::Uuid;
 
+use super::Pk;
 use super::heartbeats::StoredHeartbeat;
 use crate::model::{MembershipEntry, Timestamp};
-
-/// One cluster's partition key; also the bind values of statements that take only it.
-#[derive(Clone, Copy, Debug, SerializeRow)]
-pub(crate) struct Pk<'a> {
-    pub(super) service_id: &'a str,
-    pub(super) cluster_id: &'a str,
-}
 
 #[derive(SerializeRow)]
 pub(super) struct InitVersionValues<'a> {
@@ -138,16 +132,6 @@ pub(super) struct SiloKey<'a> {
 }
 
 #[derive(SerializeRow)]
-pub(super) struct HeartbeatValues<'a> {
-    pub(super) ttl: i32,
-    pub(super) write_time_micros: i64,
-    pub(super) silo: &'a str,
-    pub(super) heartbeat: (CqlTimestamp, CqlTimestamp),
-    pub(super) service_id: &'a str,
-    pub(super) cluster_id: &'a str,
-}
-
-#[derive(SerializeRow)]
 pub(super) struct DeleteEntryValues<'a> {
     pub(super) service_id: &'a str,
     pub(super) cluster_id: &'a str,
@@ -155,14 +139,6 @@ pub(super) struct DeleteEntryValues<'a> {
     pub(super) expected_etag: Uuid,
     pub(super) heartbeat_key: &'a str,
     pub(super) expected_heartbeat: Option<StoredHeartbeat>,
-}
-
-#[derive(SerializeRow)]
-pub(super) struct DeleteHeartbeatValues<'a> {
-    pub(super) silo: &'a str,
-    pub(super) write_time_micros: i64,
-    pub(super) service_id: &'a str,
-    pub(super) cluster_id: &'a str,
 }
 
 #[derive(SerializeRow)]

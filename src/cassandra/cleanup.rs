@@ -8,11 +8,11 @@ use scylla::response::{PagingState, PagingStateResponse};
 use tracing::{Span, debug, warn};
 use uuid::Uuid;
 
-use super::bind::{DeleteClusterValues, DeleteEntryValues, DeleteStaticsValues, Pk, SiloKey};
+use super::bind::{DeleteClusterValues, DeleteEntryValues, DeleteStaticsValues, SiloKey};
 use super::exec::Outcome;
 use super::heartbeats::{StoredHeartbeat, merge_heartbeat};
 use super::read::{larger_page, restart_pause};
-use super::{CassandraMembershipTable, MAX_ATTEMPTS};
+use super::{CassandraMembershipTable, MAX_ATTEMPTS, Pk};
 use crate::error::{MembershipError, Result};
 use crate::model::{SiloStatus, Timestamp};
 
@@ -142,7 +142,7 @@ impl CassandraMembershipTable {
                             detail: format!(
                                 "deleting {key}; {removed} entries were removed before"
                             ),
-                            source: Box::new(e),
+                            source: e,
                         });
                     }
                 },

@@ -242,16 +242,17 @@ pub(crate) fn to_error(operation: &'static str, err: ExecutionError) -> Membersh
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use scylla::errors::BrokenConnectionErrorKind;
     use scylla::statement::Consistency;
 
-    fn db(e: DbError) -> RequestAttemptError {
+    /// A node's refusal `e` (its message does not matter).
+    pub(in crate::cassandra) fn db(e: DbError) -> RequestAttemptError {
         RequestAttemptError::DbError(e, "msg".into())
     }
 
-    fn unavailable() -> DbError {
+    pub(in crate::cassandra) fn unavailable() -> DbError {
         DbError::Unavailable {
             consistency: Consistency::Serial,
             required: 2,

@@ -156,7 +156,7 @@ impl Sent {
             Sent::Answered(reply) if reply.applied => Ok(Outcome::Applied),
             Sent::Answered(_) => Ok(Outcome::NotApplied),
             Sent::Unreadable(err) => Err(err),
-            Sent::Ambiguous(err) => Ok(Outcome::Ambiguous(err)),
+            Sent::Ambiguous(err) => Ok(Outcome::Ambiguous(Box::new(err))),
             Sent::Refused(err) => Err(to_error(operation, err)),
         }
     }
@@ -169,7 +169,7 @@ pub(super) enum Outcome {
     /// `[applied] = false`: the condition did not hold.
     NotApplied,
     /// No answer tells (see [`Sent::Ambiguous`]).
-    Ambiguous(ExecutionError),
+    Ambiguous(Box<ExecutionError>),
 }
 
 impl Outcome {

@@ -25,15 +25,15 @@ use scylla::response::{PagingState, PagingStateResponse};
 use tracing::{info, warn};
 use uuid::Uuid;
 
-use super::CassandraMembershipTable;
 use super::bind::{
-    DeleteEntryValues, DeleteStaticsValues, EntryValues, Pk, SiloKey, UpdateEntryValues,
+    DeleteEntryValues, DeleteStaticsValues, EntryValues, SiloKey, UpdateEntryValues,
     WriteVersionValues,
 };
 use super::heartbeats::merge_heartbeat;
 use super::options::MAX_TTL_SECONDS;
 use super::read::PartitionRead;
 use super::statements::alter_table_ttl_cql;
+use super::{CassandraMembershipTable, Pk};
 use crate::error::{MembershipError, Result};
 use crate::model::{SiloStatus, Timestamp};
 

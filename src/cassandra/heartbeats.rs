@@ -4,11 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use scylla::DeserializeRow;
 use scylla::value::CqlTimestamp;
+use scylla::{DeserializeRow, SerializeRow};
 
-use super::CassandraMembershipTable;
-use super::bind::{DeleteHeartbeatValues, HeartbeatValues, Pk};
+use super::{CassandraMembershipTable, Pk};
 use crate::error::Result;
 use crate::model::{MembershipEntry, Timestamp};
 
@@ -33,6 +32,26 @@ pub(crate) fn merge_heartbeat(
 /// A write timestamp Cassandra accepts (it rejects `i64::MIN`).
 fn valid_timestamp(micros: i64) -> i64 {
     micros.max(i64::MIN + 1)
+}
+
+/// `heartbeat.cql`.
+#[derive(SerializeRow)]
+struct HeartbeatValues<'a> {
+    ttl: i32,
+    write_time_micros: i64,
+    silo: &'a str,
+    heartbeat: (CqlTimestamp, CqlTimestamp),
+    service_id: &'a str,
+    cluster_id: &'a str,
+}
+
+/// `delete_heartbeat_before.cql`.
+#[derive(SerializeRow)]
+struct DeleteHeartbeatValues<'a> {
+    silo: &'a str,
+    write_time_micros: i64,
+    service_id: &'a str,
+    cluster_id: &'a str,
 }
 
 /// A heartbeat element as stored, with its write time (µs) and TTL.

@@ -246,7 +246,7 @@ impl CassandraMembershipTable {
             // caller retries the heartbeat.
             Outcome::Ambiguous(e) => Err(MembershipError::Timeout {
                 operation: OPERATION,
-                source: Box::new(e),
+                source: e,
             }),
         }
     }

@@ -6,6 +6,17 @@
 //! of a static map. Every membership write is one conditional batch on the partition, so a row
 //! and the version commit together or not at all. Heartbeats are plain writes that touch only
 //! their map element, never a cell a conditional write owns, so the two never race.
+//!
+//! Files, each owning one thing (an operation's file names the ones it builds on):
+//! - operations: `schema.rs` (`initialize`), `read.rs`, `write.rs` (`insert_row` / `update_row`),
+//!   `resolve.rs` (ambiguous write outcomes, the fence), `lease.rs` (`update_i_am_alive`),
+//!   `cleanup.rs` (`cleanup_defunct`, `delete_cluster`), `version.rs` (the version's TTL and
+//!   recovery), `expiry.rs` (TTL audit and patch), `inspect.rs` (operators' reads);
+//! - the heartbeat element: `heartbeats.rs`;
+//! - sending: `exec.rs` (counts, read retry, plain and conditional sends), `statements.rs`
+//!   (preparing `cql/`), `retry.rs` (the driver retry policy), `errors.rs` (driver errors);
+//! - data: `bind.rs` (bind values), `decode.rs` (stored rows), `etags.rs` (the tags handed out),
+//!   `options.rs`.
 
 mod bind;
 mod cleanup;
@@ -32,6 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use scylla::SerializeRow;
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
 use tokio::sync::OnceCell;
@@ -50,7 +62,7 @@ use crate::model::{
     ETag, MembershipEntry, MembershipSnapshot, SiloAddress, TableVersion, Timestamp,
 };
 use crate::table::{HeartbeatOutcome, MembershipTable, StorageExpiry};
-use bind::{Pk, ttl_value};
+use bind::ttl_value;
 use exec::Counters;
 use lease::LeaseState;
 use statements::{Statements, qualified};
@@ -58,6 +70,13 @@ use statements::{Statements, qualified};
 /// How many times a read restarts when the version moves between its pages, and how many times
 /// a lease renewal re-reads after losing a race.
 const MAX_ATTEMPTS: u32 = 8;
+
+/// One cluster's partition key; also the bind values of statements that take only it.
+#[derive(Clone, Copy, Debug, SerializeRow)]
+pub(crate) struct Pk<'a> {
+    service_id: &'a str,
+    cluster_id: &'a str,
+}
 
 /// The driver's timeout for each TCP connect. It tries the contact points one after another
 /// (in random order): with the whole budget for each, one that drops packets would use it all

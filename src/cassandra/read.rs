@@ -10,13 +10,13 @@ use scylla::statement::prepared::PreparedStatement;
 use tracing::{Span, debug, warn};
 use uuid::Uuid;
 
-use super::bind::{Pk, ReadLastRowValues, ReadRowValues};
+use super::bind::{ReadLastRowValues, ReadRowValues};
 use super::decode::{
     EntryRow, EntryWithStaticsRow, StaticsRow, StoredEntry, decode_entry, decode_version,
 };
 use super::etags::row_etag;
 use super::heartbeats::{StoredHeartbeat, merge_heartbeat};
-use super::{CassandraMembershipTable, MAX_ATTEMPTS};
+use super::{CassandraMembershipTable, MAX_ATTEMPTS, Pk};
 use crate::error::{MembershipError, Result};
 use crate::model::{MembershipRow, MembershipSnapshot, SiloAddress, TableVersion};
 

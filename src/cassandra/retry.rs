@@ -81,21 +81,10 @@ impl RetrySession for ProviderRetrySession {
 
 #[cfg(test)]
 mod tests {
+    use super::super::errors::tests::{db, unavailable};
     use super::*;
     use scylla::errors::{BrokenConnectionErrorKind, WriteType};
     use scylla::statement::Consistency;
-
-    fn db(e: DbError) -> RequestAttemptError {
-        RequestAttemptError::DbError(e, "msg".into())
-    }
-
-    fn unavailable() -> DbError {
-        DbError::Unavailable {
-            consistency: Consistency::Serial,
-            required: 2,
-            alive: 1,
-        }
-    }
 
     #[test]
     fn a_conditional_write_is_never_retried() {

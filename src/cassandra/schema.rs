@@ -96,7 +96,7 @@ impl CassandraMembershipTable {
                     Err(MembershipError::OutcomeUnknown {
                         operation: "initialize",
                         detail: "the version is still missing after an ambiguous write".into(),
-                        source: Box::new(e),
+                        source: e,
                     })
                 }
             }
@@ -200,34 +200,39 @@ impl CassandraMembershipTable {
             .unwrap_or(Err(scylla::errors::ExecutionError::RequestTimeout(limit)))
     }
 
+    /// The rows of a read of `system_schema`, bounded as [`Self::query_bounded`].
+    async fn read_system_schema(
+        &self,
+        cql: &'static str,
+        values: impl scylla::serialize::row::SerializeRow,
+    ) -> Result<scylla::response::query_result::QueryRowsResult> {
+        self.query_bounded(cql, values)
+            .await
+            .map_err(|e| to_error("initialize", e))?
+            .into_rows_result()
+            .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))
+    }
+
     async fn keyspace_exists(&self) -> Result<bool> {
-        let result = self
-            .query_bounded(
+        let rows = self
+            .read_system_schema(
                 "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",
                 (&self.options().keyspace,),
             )
-            .await
-            .map_err(|e| to_error("initialize", e))?;
-        let rows = result
-            .into_rows_result()
-            .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?;
+            .await?;
         Ok(rows.rows_num() > 0)
     }
 
     /// `default_time_to_live` and `gc_grace_seconds` of the table, if it exists.
     pub(super) async fn table_settings(&self) -> Result<Option<(i32, i32)>> {
         let o = self.options();
-        let result = self
-            .query_bounded(
+        let rows = self
+            .read_system_schema(
                 "SELECT default_time_to_live, gc_grace_seconds FROM system_schema.tables \
                  WHERE keyspace_name = ? AND table_name = ?",
                 (&o.keyspace, &o.table),
             )
-            .await
-            .map_err(|e| to_error("initialize", e))?;
-        let rows = result
-            .into_rows_result()
-            .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?;
+            .await?;
         rows.maybe_first_row::<(Option<i32>, Option<i32>)>()
             .map(|r| r.map(|(ttl, gc)| (ttl.unwrap_or(0), gc.unwrap_or(0))))
             .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))
@@ -235,16 +240,12 @@ impl CassandraMembershipTable {
 
     async fn check_columns(&self) -> Result<()> {
         let o = self.options();
-        let result = self
-            .query_bounded(
+        let rows = self
+            .read_system_schema(
                 "SELECT column_name, type, kind, clustering_order FROM system_schema.columns WHERE keyspace_name = ? AND table_name = ?",
                 (&o.keyspace, &o.table),
             )
-            .await
-            .map_err(|e| to_error("initialize", e))?;
-        let rows = result
-            .into_rows_result()
-            .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?;
+            .await?;
         let mut actual = HashMap::new();
         let mut descending = false;
         for row in rows

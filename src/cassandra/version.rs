@@ -13,8 +13,8 @@
 use tracing::warn;
 use uuid::Uuid;
 
-use super::CassandraMembershipTable;
-use super::bind::{Pk, WriteVersionValues};
+use super::bind::WriteVersionValues;
+use super::{CassandraMembershipTable, Pk};
 use crate::error::Result;
 use crate::model::Timestamp;
 
