@@ -1,4 +1,5 @@
-//! Removing data: `cleanup_defunct`, `delete_cluster`, and heartbeat-element writes and deletes.
+//! Removing data: `cleanup_defunct` (defunct entries, marker-only rows, orphaned heartbeat
+//! elements) and `delete_cluster` (a whole partition).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -7,25 +8,19 @@ use scylla::response::{PagingState, PagingStateResponse};
 use tracing::{Span, debug, warn};
 use uuid::Uuid;
 
-use super::driver_errors::{may_have_applied, to_error};
-use super::expiry::{HeartbeatCell, HeartbeatCellsRow};
+use super::bind::{DeleteClusterValues, DeleteEntryValues, DeleteStaticsValues, SiloKey};
+use super::exec::Outcome;
+use super::heartbeats::{StoredHeartbeat, merge_heartbeat};
 use super::read::{larger_page, restart_pause};
-use super::rows::{StoredHeartbeat, merge_heartbeat};
-use super::values::{
-    DeleteClusterValues, DeleteEntryValues, DeleteHeartbeatValues, DeleteStaticsValues,
-    HeartbeatValues, Pk, SiloKey,
-};
-use super::{CassandraMembershipTable, MAX_ATTEMPTS, bump};
+use super::{CassandraMembershipTable, MAX_ATTEMPTS, Pk};
 use crate::error::{MembershipError, Result};
 use crate::model::{SiloStatus, Timestamp};
 
 /// Rows per conditional batch in `delete_cluster`.
 const DELETE_CHUNK: usize = 100;
 
-/// A write timestamp Cassandra accepts (it rejects `i64::MIN`).
-fn valid_timestamp(micros: i64) -> i64 {
-    micros.max(i64::MIN + 1)
-}
+/// The operation of `cleanup_defunct`'s statements.
+const OPERATION: &str = "cleanup_defunct";
 
 /// The raw content of a partition: every row key as stored and the version tag as stored.
 struct RawKeys {
@@ -34,101 +29,6 @@ struct RawKeys {
 }
 
 impl CassandraMembershipTable {
-    /// The heartbeat elements with their write times and TTLs. Where the server refuses to read
-    /// them (ScyllaDB), each element's write time is taken to be its own I-am-alive time — the
-    /// timestamp every heartbeat of the provider is written with — and its TTL is unknown.
-    pub(super) async fn read_heartbeat_cells(
-        &self,
-        pk: Pk<'_>,
-        operation: &'static str,
-    ) -> Result<Vec<HeartbeatCell>> {
-        let st = self.statements().await?;
-        let Some(read_heartbeats) = &st.read_heartbeats else {
-            let result = self
-                .exec_read(operation, &st.read_heartbeat_values, pk, false)
-                .await?;
-            let rows = result
-                .into_rows_result()
-                .map_err(|e| MembershipError::corrupt(None, format!("heartbeat read: {e}")))?;
-            let row: Option<(Option<std::collections::BTreeMap<String, StoredHeartbeat>>,)> =
-                rows.maybe_first_row().map_err(|e| self.shape_error(e))?;
-            return Ok(HeartbeatCell::without_write_times(
-                row.and_then(|(m,)| m).unwrap_or_default(),
-            ));
-        };
-        let result = self
-            .exec_read(operation, read_heartbeats, pk, false)
-            .await?;
-        let rows = result
-            .into_rows_result()
-            .map_err(|e| MembershipError::corrupt(None, format!("heartbeat read: {e}")))?;
-        Ok(rows
-            .maybe_first_row::<HeartbeatCellsRow>()
-            .map_err(|e| self.shape_error(e))?
-            .map(HeartbeatCellsRow::cells)
-            .unwrap_or_default())
-    }
-
-    /// Removes a heartbeat element written at `written_micros` (its own write time, as read):
-    /// a tombstone wins a tie, and any heartbeat written later survives. Whatever time the
-    /// element's value holds (even `i64::MIN`), the delete's timestamp is a valid one.
-    pub(super) async fn delete_heartbeat_cell(
-        &self,
-        pk: Pk<'_>,
-        key: &str,
-        written_micros: i64,
-        operation: &'static str,
-    ) -> Result<()> {
-        let st = self.statements().await?;
-        bump(&self.shared.counters.plain_writes);
-        self.session_ref()
-            .execute_unpaged(
-                &st.delete_heartbeat_before,
-                DeleteHeartbeatValues {
-                    silo: key,
-                    write_time_micros: valid_timestamp(written_micros),
-                    service_id: pk.service_id,
-                    cluster_id: pk.cluster_id,
-                },
-            )
-            .await
-            .map_err(|e| to_error(operation, e))?;
-        Ok(())
-    }
-
-    /// Rewrites a heartbeat element unchanged with another TTL, stamped one microsecond after
-    /// its own write time: it replaces that element, a newer heartbeat still wins.
-    pub(super) async fn write_heartbeat_cell(
-        &self,
-        pk: Pk<'_>,
-        key: &str,
-        value: StoredHeartbeat,
-        ttl: i32,
-        written_micros: i64,
-        operation: &'static str,
-    ) -> Result<()> {
-        let (Some(start), Some(time)) = value else {
-            return Ok(());
-        };
-        let st = self.statements().await?;
-        bump(&self.shared.counters.plain_writes);
-        self.session_ref()
-            .execute_unpaged(
-                &st.heartbeat,
-                HeartbeatValues {
-                    ttl,
-                    write_time_micros: valid_timestamp(written_micros.saturating_add(1)),
-                    silo: key,
-                    heartbeat: (start, time),
-                    service_id: pk.service_id,
-                    cluster_id: pk.cluster_id,
-                },
-            )
-            .await
-            .map_err(|e| to_error(operation, e))?;
-        Ok(())
-    }
-
     /// Every row key of a partition as stored, and the raw version tag, read serially as one
     /// view: every row carries the version tag, and all pages must carry the same one — a
     /// membership write landing between two pages could have inserted a key into a page already
@@ -136,7 +36,7 @@ impl CassandraMembershipTable {
     async fn read_raw_keys(&self, pk: Pk<'_>) -> Result<RawKeys> {
         let st = self.statements().await?;
         let started = Instant::now();
-        let mut page_size = i32::try_from(self.opts().page_size).unwrap_or(i32::MAX);
+        let mut page_size = i32::try_from(self.options().page_size).unwrap_or(i32::MAX);
         // See read_partition: an empty page before any row leaves no reference to check by.
         let mut statics_first = false;
         for attempt in 0..MAX_ATTEMPTS {
@@ -227,22 +127,25 @@ impl CassandraMembershipTable {
                 heartbeat_key: &key,
                 expected_heartbeat: heartbeat,
             };
-            let deleted = match self.exec_conditional(&st.delete_entry, values).await {
-                Ok(r) => r?,
-                Err(e) if may_have_applied(&e) => match self.read_one(&entry.address, true).await {
+            let deleted = match self
+                .conditional(OPERATION, &st.delete_entry, values)
+                .await?
+            {
+                Outcome::Applied => true,
+                Outcome::NotApplied => false,
+                Outcome::Ambiguous(e) => match self.read_one(&entry.address, true).await {
                     Ok(None) => true,
                     Ok(Some(_)) => false,
                     Err(_) => {
                         return Err(MembershipError::OutcomeUnknown {
-                            operation: "cleanup_defunct",
+                            operation: OPERATION,
                             detail: format!(
                                 "deleting {key}; {removed} entries were removed before"
                             ),
-                            source: Box::new(e),
+                            source: e,
                         });
                     }
                 },
-                Err(e) => return Err(to_error("cleanup_defunct", e)),
             };
             if deleted {
                 removed += 1;
@@ -252,23 +155,14 @@ impl CassandraMembershipTable {
         }
         for key in &read.empty_rows {
             // Not entries: not counted. A lost race (the row got cells) leaves it alone.
-            match self
-                .exec_conditional(
-                    &st.delete_empty_row,
-                    SiloKey {
-                        silo: key,
-                        service_id: self.service_id(),
-                        cluster_id: &self.cluster_id,
-                    },
-                )
-                .await
-            {
-                Ok(r) => {
-                    r?;
-                }
-                Err(e) if may_have_applied(&e) => {} // the next cleanup sees it again if it is still there
-                Err(e) => return Err(to_error("cleanup_defunct", e)),
-            }
+            let values = SiloKey {
+                silo: key,
+                service_id: self.service_id(),
+                cluster_id: &self.cluster_id,
+            };
+            // Ambiguous: the next cleanup sees it again if it is still there.
+            self.conditional(OPERATION, &st.delete_empty_row, values)
+                .await?;
         }
         // Heartbeat elements whose row is gone (removed above, or earlier), older than the cutoff.
         // An element of another incarnation (start time differs from the row's) counts as
@@ -285,15 +179,12 @@ impl CassandraMembershipTable {
             !owned && time.is_none_or(|t| t.0 < before.as_millis())
         };
         if read.heartbeats.iter().any(|(k, v)| due(k, v)) {
-            for cell in self
-                .read_heartbeat_cells(self.pk(), "cleanup_defunct")
-                .await?
-            {
+            for cell in self.read_heartbeat_cells(self.pk(), OPERATION).await? {
                 let (Some(value), Some(written)) = (cell.value, cell.written) else {
                     continue;
                 };
                 if due(&cell.key, &value) {
-                    self.delete_heartbeat_cell(self.pk(), &cell.key, written, "cleanup_defunct")
+                    self.delete_heartbeat_cell(self.pk(), &cell.key, written, OPERATION)
                         .await?;
                 }
             }
@@ -323,17 +214,17 @@ impl CassandraMembershipTable {
                 // membership write — each conditioned on the version tag — fails from then on,
                 // so the keys read next stay put and the batches that follow delete them all.
                 let statics = self.read_statics(pk).await?;
-                let batch = st.batch_of([&st.delete_statics], self.opts().request_timeout);
+                let batch = st.batch_of([&st.delete_statics], self.options().request_timeout);
                 let values = vec![DeleteClusterValues::Statics(DeleteStaticsValues {
                     service_id: self.service_id(),
                     cluster_id,
                     expected_version_etag: statics.version_etag,
                 })];
-                let closed = match self.exec_conditional_batch(&batch, values).await {
-                    Ok(r) => r?,
-                    Err(e) if may_have_applied(&e) => false, // read again: closed, or not
-                    Err(e) => return Err(to_error("delete_cluster", e)),
-                };
+                // Ambiguous: read again, closed or not.
+                let closed = self
+                    .conditional("delete_cluster", &batch, values)
+                    .await?
+                    .applied();
                 if !closed {
                     continue;
                 }
@@ -350,7 +241,7 @@ impl CassandraMembershipTable {
                 // concurrent membership change makes the batch fail and the loop read again.
                 let statements =
                     std::iter::repeat_n(&st.delete_row, chunk.len()).chain([&st.delete_statics]);
-                let batch = st.batch_of(statements, self.opts().request_timeout);
+                let batch = st.batch_of(statements, self.options().request_timeout);
                 let mut values: Vec<DeleteClusterValues<'_>> = chunk
                     .iter()
                     .map(|key| {
@@ -366,11 +257,11 @@ impl CassandraMembershipTable {
                     cluster_id,
                     expected_version_etag: expected,
                 }));
-                let ok = match self.exec_conditional_batch(&batch, values).await {
-                    Ok(r) => r?,
-                    Err(e) if may_have_applied(&e) => false, // read again and continue from what is left
-                    Err(e) => return Err(to_error("delete_cluster", e)),
-                };
+                // Ambiguous: read again and continue from what is left.
+                let ok = self
+                    .conditional("delete_cluster", &batch, values)
+                    .await?
+                    .applied();
                 if !ok {
                     conflicted = true;
                     break;

@@ -14,7 +14,7 @@ use scylla::response::{PagingState, PagingStateResponse};
 use tracing::{Span, instrument};
 
 use super::CassandraMembershipTable;
-use super::values::Pk;
+use super::Pk;
 use crate::error::{MembershipError, Result};
 use crate::model::{ETag, MembershipEntry, SiloStatus, TableVersion, Timestamp};
 

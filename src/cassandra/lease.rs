@@ -3,17 +3,40 @@
 use std::time::Duration;
 
 use tracing::{Span, warn};
+use uuid::Uuid;
 
-use super::driver_errors::{may_have_applied, to_error};
-use super::values::{HeartbeatValues, UpdateEntryValues, to_cql};
-use super::write::parse_etag;
-use super::{CassandraMembershipTable, MAX_ATTEMPTS, bump};
+use super::bind::{EntryValues, UpdateEntryValues, WriteVersionValues, to_cql};
+use super::decode::StoredEntry;
+use super::etags::parse_etag;
+use super::exec::Outcome;
+use super::heartbeats::StoredHeartbeat;
+use super::{CassandraMembershipTable, MAX_ATTEMPTS};
 use crate::error::{MembershipError, Result};
 use crate::model::{MembershipEntry, SiloAddress, SiloStatus, Timestamp};
 use crate::table::{HeartbeatOutcome, Lease, StorageExpiry};
 
 /// Entries whose lease state a table value remembers before it starts forgetting.
 const MAX_LEASES: usize = 100_000;
+
+/// Every statement of a heartbeat and its renewal runs as part of `update_i_am_alive`.
+const OPERATION: &str = "update_i_am_alive";
+
+/// What a renewal does after reading the entry.
+enum Renewal {
+    /// Rewrite the entry and the version unchanged, with these TTLs.
+    Rewrite(Rewrite),
+    /// The row went away between the reads: read again.
+    Reread,
+    /// Nothing to renew (expiry off, and no TTL to take back).
+    Nothing,
+}
+
+/// The TTLs a renewal writes, and the tag the version moves to (`None`: no version was read).
+struct Rewrite {
+    row_ttl: i32,
+    version_ttl: i32,
+    new_version_etag: Option<Uuid>,
+}
 
 /// What a table value knows of an entry's lease from its own writes.
 #[derive(Clone, Copy, Debug)]
@@ -43,11 +66,11 @@ impl LeaseState {
 
 impl CassandraMembershipTable {
     pub(super) fn expiry(&self) -> StorageExpiry {
-        match self.opts().ttl_seconds() {
+        match self.options().ttl_seconds() {
             None => StorageExpiry::OFF,
             Some(ttl) => StorageExpiry {
                 ttl: Some(Duration::from_secs(ttl)),
-                slack: Duration::from_secs(self.opts().renewal_seconds() + 1),
+                slack: Duration::from_secs(self.options().renewal_seconds() + 1),
                 // True only when the audit at `initialize` found nothing in this cluster's
                 // partition that storage would never remove (README "Expiry").
                 covers_defunct_cleanup: self.storage_covers_cleanup(),
@@ -56,10 +79,10 @@ impl CassandraMembershipTable {
     }
 
     fn lease_for(&self, renewed_at: Timestamp) -> Lease {
-        match self.opts().ttl_seconds() {
+        match self.options().ttl_seconds() {
             None => Lease::unbounded(renewed_at),
             Some(ttl) => {
-                let renewal = self.opts().renewal_seconds();
+                let renewal = self.options().renewal_seconds();
                 Lease {
                     granted_at: renewed_at,
                     expires_at: Some(renewed_at.saturating_add(Duration::from_secs(ttl + renewal))),
@@ -106,90 +129,126 @@ impl CassandraMembershipTable {
     /// on both being unchanged. With expiry off, takes back a TTL someone else gave them
     /// instead. Returns the entry as read, or `None` if it is gone.
     async fn renew(&self, address: &SiloAddress) -> Result<Option<MembershipEntry>> {
-        let st = self.statements().await?;
         let key = address.to_string();
-        let ttl_on = self.opts().ttl_seconds().is_some();
         for _ in 0..MAX_ATTEMPTS {
             // A plain read is enough: the conditional write below re-checks both tags.
             let Some((stored, version, heartbeat)) = self.read_one(address, false).await? else {
                 return Ok(None);
             };
             let version_etag = parse_etag(&version.etag).flatten();
-            let (row_ttl, version_ttl, new_version_etag) = if ttl_on {
-                // A renewal that cannot read the TTLs it would overwrite writes nothing.
-                let Some((row, version)) = self.renewal_ttls(&key).await? else {
-                    continue; // the row went away meanwhile: read again
-                };
-                (row, version, version_etag)
-            } else {
-                // Expiry off: this silo never renews a TTL, so its row and the version must
-                // carry none. A silo with expiry on of a previous release gives the rows it
-                // votes on, and the version, its TTL: take it back, rewriting them unchanged
-                // without TTL. The version moves to a fresh tag (same number, same entries, as
-                // a fence does) so that a concurrent renewal that decided on the old TTLs
-                // cannot apply after this.
-                match self.read_row_ttls("update_i_am_alive", &key).await? {
-                    Some((None, None)) | None => return Ok(Some(stored.entry)),
-                    Some(_) => {
-                        warn!(silo = %address, "the entry or the version carries a TTL although this silo runs with expiry off (a silo with expiry on of an older release?); removing it");
-                        (0, 0, Some(uuid::Uuid::new_v4()))
-                    }
-                }
+            let rewrite = match self.renewal_of(address, &key, version_etag).await? {
+                Renewal::Rewrite(rewrite) => rewrite,
+                Renewal::Reread => continue,
+                Renewal::Nothing => return Ok(Some(stored.entry)),
             };
-            let (Some(version_etag_value), Some(new_version_etag)) =
-                (version_etag, new_version_etag)
+            let (Some(expected_version), Some(new_version_etag)) =
+                (version_etag, rewrite.new_version_etag)
             else {
                 return Err(MembershipError::corrupt(
                     None,
                     "an entry exists but the table version does not; re-initialize the cluster",
                 ));
             };
-            let values = (
-                UpdateEntryValues {
-                    entry: self.entry_values_in(
-                        self.pk(),
-                        &stored.entry,
-                        &key,
-                        stored.etag,
-                        row_ttl,
-                    ),
-                    expected_etag: Some(stored.etag),
-                    // The element as read: only this silo writes it, and none of its
-                    // heartbeats is in flight now (a late one costs one more read).
-                    heartbeat_key: &key,
-                    expected_heartbeat: heartbeat,
-                },
-                self.version_values_in(
-                    self.pk(),
-                    version.version as i64,
-                    new_version_etag,
-                    Some(version_etag_value),
-                    version_ttl,
-                ),
-            );
-            match self.exec_conditional_batch(&st.update_batch, values).await {
-                Ok(r) => {
-                    if r? {
-                        return Ok(Some(stored.entry));
-                    }
-                    // Lost a race with a membership change: read again.
-                }
-                Err(e) if may_have_applied(&e) => {
-                    // Rewriting unchanged values is harmless either way; report the failure so
-                    // the caller retries the heartbeat.
-                    return Err(MembershipError::Timeout {
-                        operation: "update_i_am_alive",
-                        source: Box::new(e),
-                    });
-                }
-                Err(e) => return Err(to_error("update_i_am_alive", e)),
+            let version_tags = (version.version as i64, expected_version, new_version_etag);
+            if self
+                .rewrite_unchanged(&key, &stored, heartbeat, version_tags, &rewrite)
+                .await?
+            {
+                return Ok(Some(stored.entry));
             }
+            // Lost a race with a membership change: read again.
         }
         Err(MembershipError::Contention {
-            operation: "update_i_am_alive",
+            operation: OPERATION,
             attempts: MAX_ATTEMPTS,
             elapsed: Duration::ZERO,
         })
+    }
+
+    /// What a renewal of the entry `key` writes, the version carrying `version_etag` now.
+    async fn renewal_of(
+        &self,
+        address: &SiloAddress,
+        key: &str,
+        version_etag: Option<Uuid>,
+    ) -> Result<Renewal> {
+        if self.options().ttl_seconds().is_some() {
+            // A renewal that cannot read the TTLs it would overwrite writes nothing.
+            return Ok(match self.renewal_ttls(key).await? {
+                Some((row_ttl, version_ttl)) => Renewal::Rewrite(Rewrite {
+                    row_ttl,
+                    version_ttl,
+                    new_version_etag: version_etag,
+                }),
+                None => Renewal::Reread, // the row went away meanwhile
+            });
+        }
+        // Expiry off: this silo never renews a TTL, so its row and the version must carry none.
+        // A silo with expiry on of a previous release gives the rows it votes on, and the
+        // version, its TTL: take it back, rewriting them unchanged without TTL. The version
+        // moves to a fresh tag (same number, same entries, as a fence does) so that a concurrent
+        // renewal that decided on the old TTLs cannot apply after this.
+        match self.read_row_ttls(OPERATION, key).await? {
+            Some((None, None)) | None => Ok(Renewal::Nothing),
+            Some(_) => {
+                warn!(silo = %address, "the entry or the version carries a TTL although this silo runs with expiry off (a silo with expiry on of an older release?); removing it");
+                Ok(Renewal::Rewrite(Rewrite {
+                    row_ttl: 0,
+                    version_ttl: 0,
+                    new_version_etag: Some(Uuid::new_v4()),
+                }))
+            }
+        }
+    }
+
+    /// Rewrites the entry as read and the version `(number, expected tag, new tag)` with the
+    /// renewal's TTLs, conditionally on both tags and the heartbeat element as read. `false`:
+    /// a membership change won the race.
+    async fn rewrite_unchanged(
+        &self,
+        key: &str,
+        stored: &StoredEntry,
+        heartbeat: Option<StoredHeartbeat>,
+        (version, expected_version, new_version_etag): (i64, Uuid, Uuid),
+        rewrite: &Rewrite,
+    ) -> Result<bool> {
+        let st = self.statements().await?;
+        let values = (
+            UpdateEntryValues {
+                entry: EntryValues::new(
+                    self.pk(),
+                    &stored.entry,
+                    key,
+                    stored.etag,
+                    rewrite.row_ttl,
+                ),
+                expected_etag: Some(stored.etag),
+                // The element as read: only this silo writes it, and none of its heartbeats is
+                // in flight now (a late one costs one more read).
+                heartbeat_key: key,
+                expected_heartbeat: heartbeat,
+            },
+            WriteVersionValues::new(
+                self.pk(),
+                version,
+                new_version_etag,
+                Some(expected_version),
+                rewrite.version_ttl,
+            ),
+        );
+        match self
+            .conditional(OPERATION, &st.update_batch, values)
+            .await?
+        {
+            Outcome::Applied => Ok(true),
+            Outcome::NotApplied => Ok(false),
+            // Rewriting unchanged values is harmless either way; report the failure so the
+            // caller retries the heartbeat.
+            Outcome::Ambiguous(e) => Err(MembershipError::Timeout {
+                operation: OPERATION,
+                source: e,
+            }),
+        }
     }
 
     /// `update_i_am_alive`: one plain write of the entry's heartbeat element, plus a check (and
@@ -199,7 +258,6 @@ impl CassandraMembershipTable {
         address: &SiloAddress,
         time: Timestamp,
     ) -> Result<HeartbeatOutcome> {
-        let st = self.statements().await?;
         let now = Timestamp::now();
         let known = self
             .leases
@@ -207,7 +265,7 @@ impl CassandraMembershipTable {
             .unwrap_or_else(|p| p.into_inner())
             .get(address)
             .copied();
-        let renewal = Duration::from_secs(self.opts().renewal_seconds());
+        let renewal = Duration::from_secs(self.options().renewal_seconds());
         let state = match known {
             Some(s) if s.renewed_mono.elapsed() < renewal => s,
             _ => {
@@ -237,22 +295,15 @@ impl CassandraMembershipTable {
                 }
             }
         };
-        let key = address.to_string();
-        bump(&self.shared.counters.plain_writes);
-        self.session_ref()
-            .execute_unpaged(
-                &st.heartbeat,
-                HeartbeatValues {
-                    ttl: self.write_ttl(),
-                    write_time_micros: time.as_millis().saturating_mul(1000),
-                    silo: &key,
-                    heartbeat: (to_cql(state.start_time), to_cql(time)),
-                    service_id: self.service_id(),
-                    cluster_id: &self.cluster_id,
-                },
-            )
-            .await
-            .map_err(|e| to_error("update_i_am_alive", e))?;
+        self.write_heartbeat(
+            self.pk(),
+            &address.to_string(),
+            (to_cql(state.start_time), to_cql(time)),
+            self.write_ttl(),
+            time.as_millis().saturating_mul(1000),
+            OPERATION,
+        )
+        .await?;
         let lease = self.lease_for(state.renewed_at);
         Ok(if state.dead {
             Span::current().record("outcome", "declared_dead");

@@ -1,36 +1,55 @@
 //! The membership table on Apache Cassandra / ScyllaDB: the type, construction, the trait impl.
 //!
-//! The [`MembershipTable`] impl delegates to one module per responsibility. Layout (see `cql/create_table.cql`): one partition per (service id, cluster id). The table
+//! The [`MembershipTable`] impl delegates to one module per responsibility. Layout (see
+//! `cql/create_table.cql`): one partition per (service id, cluster id). The table
 //! version lives in two static cells; every entry is one clustering row; heartbeats are elements
 //! of a static map. Every membership write is one conditional batch on the partition, so a row
 //! and the version commit together or not at all. Heartbeats are plain writes that touch only
 //! their map element, never a cell a conditional write owns, so the two never race.
+//!
+//! Files, each owning one thing (an operation's file names the ones it builds on):
+//! - operations: `schema.rs` (`initialize`), `read.rs`, `write.rs` (`insert_row` / `update_row`),
+//!   `resolve.rs` (ambiguous write outcomes, the fence), `lease.rs` (`update_i_am_alive`),
+//!   `cleanup.rs` (`cleanup_defunct`, `delete_cluster`), `version.rs` (the version's TTL and
+//!   recovery), `expiry.rs` (TTL audit and patch), `inspect.rs` (operators' reads);
+//! - the heartbeat element: `heartbeats.rs`;
+//! - sending: `exec.rs` (counts, read retry, plain and conditional sends), `statements.rs`
+//!   (preparing `cql/`), `retry.rs` (the driver retry policy), `errors.rs` (driver errors);
+//! - data: `bind.rs` (bind values), `decode.rs` (stored rows), `etags.rs` (the tags handed out),
+//!   `options.rs`.
 
+mod bind;
 mod cleanup;
-mod driver_errors;
+mod decode;
+mod errors;
+mod etags;
+mod exec;
 mod expiry;
+mod heartbeats;
 mod inspect;
 mod lease;
 mod options;
 mod read;
-mod rows;
+mod resolve;
+mod retry;
 mod schema;
 mod statements;
-mod values;
 mod version;
 mod write;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use scylla::SerializeRow;
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
 use tokio::sync::OnceCell;
-use tracing::{Span, instrument};
+use tracing::instrument;
 
+pub use exec::StatementCounts;
 pub use expiry::{PatchAction, RowAudit, TtlAudit};
 pub use inspect::{ClusterInspection, EntryInspection};
 pub use options::{
@@ -43,48 +62,20 @@ use crate::model::{
     ETag, MembershipEntry, MembershipSnapshot, SiloAddress, TableVersion, Timestamp,
 };
 use crate::table::{HeartbeatOutcome, MembershipTable, StorageExpiry};
+use bind::ttl_value;
+use exec::Counters;
 use lease::LeaseState;
 use statements::{Statements, qualified};
-use values::{Pk, ttl_value};
 
 /// How many times a read restarts when the version moves between its pages, and how many times
 /// a lease renewal re-reads after losing a race.
 const MAX_ATTEMPTS: u32 = 8;
 
-/// Counts of the statements a table value executed, by kind: what each operation costs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StatementCounts {
-    /// Plain reads at the commit level (QUORUM / LOCAL_QUORUM): one round trip each.
-    pub reads: u64,
-    /// Linearizable reads (SERIAL / LOCAL_SERIAL): each runs a Paxos round.
-    pub serial_reads: u64,
-    /// Plain writes (heartbeats, heartbeat clean-up): one round trip each.
-    pub plain_writes: u64,
-    /// Conditional writes (LWT, conditional batches): each runs a Paxos round.
-    pub conditional_writes: u64,
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    reads: AtomicU64,
-    serial_reads: AtomicU64,
-    plain_writes: AtomicU64,
-    conditional_writes: AtomicU64,
-}
-
-impl Counters {
-    fn snapshot(&self) -> StatementCounts {
-        StatementCounts {
-            reads: self.reads.load(Ordering::Relaxed),
-            serial_reads: self.serial_reads.load(Ordering::Relaxed),
-            plain_writes: self.plain_writes.load(Ordering::Relaxed),
-            conditional_writes: self.conditional_writes.load(Ordering::Relaxed),
-        }
-    }
-}
-
-fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
+/// One cluster's partition key; also the bind values of statements that take only it.
+#[derive(Clone, Copy, Debug, SerializeRow)]
+pub(crate) struct Pk<'a> {
+    service_id: &'a str,
+    cluster_id: &'a str,
 }
 
 /// The driver's timeout for each TCP connect. It tries the contact points one after another
@@ -167,7 +158,7 @@ impl CassandraMembershipTable {
         // The driver's error text never holds the password; it names nodes and causes.
         let session = match built {
             Ok(Ok(session)) => session,
-            Ok(Err(e)) if driver_errors::session_access_denied(&e) => {
+            Ok(Err(e)) if errors::session_access_denied(&e) => {
                 return Err(MembershipError::AccessDenied {
                     operation: "connect",
                     user: options.credentials.as_ref().map(|c| c.username.clone()),
@@ -260,68 +251,28 @@ impl CassandraMembershipTable {
         self.shared.counters.snapshot()
     }
 
-    fn opts(&self) -> &CassandraClusteringOptions {
-        &self.shared.options
-    }
-
-    fn session_ref(&self) -> &Session {
-        &self.shared.session
-    }
-
     fn service_id(&self) -> &str {
         &self.shared.options.service_id
     }
 
     fn write_ttl(&self) -> i32 {
-        ttl_value(self.opts().write_ttl_seconds())
+        ttl_value(self.options().write_ttl_seconds())
     }
 
     async fn statements(&self) -> Result<&Statements> {
         self.shared
             .statements
             .get_or_try_init(|| async {
-                let o = self.opts();
+                let o = self.options();
                 Statements::prepare(
-                    self.session_ref(),
+                    self.session(),
                     &self.shared.qualified,
                     o.consistency,
                     o.request_timeout,
                     o.page_size,
                 )
                 .await
-                .map_err(|e| match e {
-                    statements::PrepareFailure::Timeout => MembershipError::Timeout {
-                        operation: "prepare",
-                        source: Box::new(e),
-                    },
-                    statements::PrepareFailure::Refused(e)
-                        if driver_errors::prepare_access_denied(&e) =>
-                    {
-                        MembershipError::AccessDenied {
-                            operation: "prepare",
-                            user: None,
-                            host_session: false,
-                            source: Box::new(e),
-                        }
-                    }
-                    // Only the node refusing a statement means the table is missing or has
-                    // another shape; no connection, a broken one, an overloaded node, or ids
-                    // differing mid-schema-change heal by themselves.
-                    statements::PrepareFailure::Refused(e)
-                        if driver_errors::prepare_refused_statement(&e) =>
-                    {
-                        MembershipError::SchemaMismatch {
-                            table: self.shared.qualified.clone(),
-                            detail: format!(
-                                "the provider's statements do not prepare against it: {e}"
-                            ),
-                        }
-                    }
-                    statements::PrepareFailure::Refused(e) => MembershipError::Unavailable {
-                        operation: "prepare",
-                        source: Box::new(e),
-                    },
-                })
+                .map_err(|e| errors::prepare_error(&self.shared.qualified, e))
             })
             .await
     }
@@ -342,7 +293,10 @@ impl CassandraMembershipTable {
                     user: if host_session {
                         None
                     } else {
-                        self.opts().credentials.as_ref().map(|c| c.username.clone())
+                        self.options()
+                            .credentials
+                            .as_ref()
+                            .map(|c| c.username.clone())
                     },
                     host_session,
                     source,
@@ -350,6 +304,12 @@ impl CassandraMembershipTable {
             }
             other => other,
         }
+    }
+
+    /// Runs one operation of the [`MembershipTable`] impl: its error names the configured user
+    /// in an access failure (see [`Self::named`]).
+    async fn answer<T>(&self, operation: impl Future<Output = Result<T>>) -> Result<T> {
+        operation.await.map_err(|e| self.named(e))
     }
 
     fn pk(&self) -> Pk<'_> {
@@ -386,30 +346,17 @@ impl MembershipTable for CassandraMembershipTable {
 
     #[instrument(level = "info", skip(self), fields(table = %self.shared.qualified, cluster = %self.cluster_id))]
     async fn initialize(&self, try_init_version: bool) -> Result<()> {
-        self.initialize_cluster(try_init_version)
-            .await
-            .map_err(|e| self.named(e))
+        self.answer(self.initialize_cluster(try_init_version)).await
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, rows))]
     async fn read_all(&self) -> Result<MembershipSnapshot> {
-        let read = self
-            .read_partition(self.pk())
-            .await
-            .map_err(|e| self.named(e))?;
-        if read.version_lost {
-            return Err(self.named(read::lost_version_error(None)));
-        }
-        let snapshot = read.snapshot();
-        Span::current().record("rows", snapshot.rows.len());
-        Ok(snapshot)
+        self.answer(self.read_snapshot()).await
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, silo = %address))]
     async fn read_row(&self, address: &SiloAddress) -> Result<MembershipSnapshot> {
-        self.read_row_snapshot(address)
-            .await
-            .map_err(|e| self.named(e))
+        self.answer(self.read_row_snapshot(address)).await
     }
 
     #[instrument(level = "debug", skip(self, entry), fields(cluster = %self.cluster_id, silo = %entry.address, version = new_version.version, applied))]
@@ -419,9 +366,8 @@ impl MembershipTable for CassandraMembershipTable {
         new_version: &TableVersion,
     ) -> Result<bool> {
         // An insert is the same conditional write as an update, expecting no row etag.
-        self.write_entry("insert_row", entry, Some(&ETag::absent()), new_version)
+        self.answer(self.write_entry("insert_row", entry, Some(&ETag::absent()), new_version))
             .await
-            .map_err(|e| self.named(e))
     }
 
     #[instrument(level = "debug", skip(self, entry), fields(cluster = %self.cluster_id, silo = %entry.address, version = new_version.version, applied))]
@@ -434,9 +380,8 @@ impl MembershipTable for CassandraMembershipTable {
         if row_etag.is_absent() {
             return Ok(false); // an update needs the row's tag; only inserts expect none
         }
-        self.write_entry("update_row", entry, Some(row_etag), new_version)
+        self.answer(self.write_entry("update_row", entry, Some(row_etag), new_version))
             .await
-            .map_err(|e| self.named(e))
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, silo = %address, outcome))]
@@ -445,21 +390,17 @@ impl MembershipTable for CassandraMembershipTable {
         address: &SiloAddress,
         time: Timestamp,
     ) -> Result<HeartbeatOutcome> {
-        self.heartbeat(address, time)
-            .await
-            .map_err(|e| self.named(e))
+        self.answer(self.heartbeat(address, time)).await
     }
 
     #[instrument(level = "info", skip(self), fields(cluster = %self.cluster_id, removed))]
     async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize> {
-        self.cleanup(before).await.map_err(|e| self.named(e))
+        self.answer(self.cleanup(before)).await
     }
 
     #[instrument(level = "info", skip(self), fields(service = %self.service_id()))]
     async fn delete_cluster(&self, cluster_id: &str) -> Result<()> {
-        self.delete_partition(cluster_id)
-            .await
-            .map_err(|e| self.named(e))
+        self.answer(self.delete_partition(cluster_id)).await
     }
 }
 

@@ -1,29 +1,24 @@
 //! Linearizable reads: paged partition reads whose rows carry the version (checked across pages),
-//! single rows and their neighbours.
+//! single rows and their neighbours, and how a paged read that a write overtook starts over.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use scylla::response::{PagingState, PagingStateResponse};
+use scylla::serialize::row::SerializeRow;
 use scylla::statement::prepared::PreparedStatement;
-use tracing::{debug, warn};
+use tracing::{Span, debug, warn};
 use uuid::Uuid;
 
-use super::driver_errors::to_error;
-use super::rows::{
-    EntryRow, EntryWithStaticsRow, StaticsRow, StoredEntry, StoredHeartbeat, decode_entry,
-    decode_version, merge_heartbeat, row_etag,
+use super::bind::{ReadLastRowValues, ReadRowValues};
+use super::decode::{
+    EntryRow, EntryWithStaticsRow, StaticsRow, StoredEntry, decode_entry, decode_version,
 };
-use super::values::{Pk, ReadLastRowValues, ReadRowValues};
-use super::{CassandraMembershipTable, MAX_ATTEMPTS, bump};
+use super::etags::row_etag;
+use super::heartbeats::{StoredHeartbeat, merge_heartbeat};
+use super::{CassandraMembershipTable, MAX_ATTEMPTS, Pk};
 use crate::error::{MembershipError, Result};
 use crate::model::{MembershipRow, MembershipSnapshot, SiloAddress, TableVersion};
-
-/// How many times a statement of a read is sent when it times out. A read changes nothing we
-/// own (a serial read may complete someone's in-flight proposal, which any later read would do
-/// too), so a coordinator that was slow or lost is tried once more, most likely through another
-/// one: one statement costs the caller at most two request timeouts.
-const READ_ATTEMPTS: u32 = 2;
 
 /// The largest page a restarted whole-partition read asks for (the options' own maximum): a
 /// page's rows are what the read returns anyway, so a larger page costs no memory the result
@@ -59,38 +54,6 @@ pub(super) async fn restart_pause(attempt: u32) {
     tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
 }
 
-/// Whether to send a read again after `err` on attempt `attempt` (sleeping briefly first).
-async fn retry_read(err: &MembershipError, attempt: u32) -> bool {
-    if attempt >= READ_ATTEMPTS
-        || !(matches!(err, MembershipError::Timeout { .. }) || schema_lag(err))
-    {
-        return false;
-    }
-    warn!(error = %err, attempt, "a read failed for a passing reason; sending it again");
-    let pause = 250 * u64::from(attempt) + rand::random_range(0..100);
-    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
-    true
-}
-
-/// A coordinator or replica that has not applied a table another node just created answers that
-/// the table does not exist (Cassandra) or is unconfigured (ScyllaDB), or fails the read with
-/// `INCOMPATIBLE_SCHEMA` / an unknown table id, until the schema reaches it; the provider only
-/// reads tables `initialize` made sure of, so this passes.
-pub(super) fn schema_lag(err: &MembershipError) -> bool {
-    let MembershipError::Storage { source, .. } = err else {
-        return false;
-    };
-    let text = format!("{source} {source:?}");
-    [
-        "does not exist",
-        "unconfigured table",
-        "INCOMPATIBLE_SCHEMA",
-        "Unknown CF",
-    ]
-    .iter()
-    .any(|sign| text.contains(sign))
-}
-
 /// A full read of one cluster's partition.
 pub(super) struct PartitionRead {
     pub(super) version: TableVersion,
@@ -98,7 +61,7 @@ pub(super) struct PartitionRead {
     pub(super) entries: Vec<StoredEntry>,
     /// Keys of rows with no cells left (only a row marker).
     pub(super) empty_rows: Vec<String>,
-    pub(super) heartbeats: HashMap<String, StoredHeartbeat>,
+    pub(super) heartbeats: BTreeMap<String, StoredHeartbeat>,
     /// Rows holding cells (entries, damaged rows) but no version: rows outlived it (see
     /// `version.rs`). Answering the version absent would restart it at 1.
     pub(super) version_lost: bool,
@@ -126,104 +89,28 @@ impl PartitionRead {
 }
 
 impl CassandraMembershipTable {
-    pub(super) async fn exec_read(
-        &self,
-        op: &'static str,
-        statement: &scylla::statement::prepared::PreparedStatement,
-        values: impl scylla::serialize::row::SerializeRow,
-        serial: bool,
-    ) -> Result<scylla::response::query_result::QueryResult> {
-        let mut attempt = 1;
-        loop {
-            bump(if serial {
-                &self.shared.counters.serial_reads
-            } else {
-                &self.shared.counters.reads
-            });
-            match self.session_ref().execute_unpaged(statement, &values).await {
-                Ok(r) => return Ok(r),
-                Err(e) => {
-                    let err = to_error(op, e);
-                    if !retry_read(&err, attempt).await {
-                        return Err(err);
-                    }
-                    attempt += 1;
-                }
-            }
-        }
-    }
-
-    /// One page of a paged read, sent again (up to `READ_ATTEMPTS` times) when it times out.
-    pub(super) async fn read_page(
-        &self,
-        op: &'static str,
-        statement: &scylla::statement::prepared::PreparedStatement,
-        values: impl scylla::serialize::row::SerializeRow,
-        paging: PagingState,
-        serial: bool,
-    ) -> Result<(
-        scylla::response::query_result::QueryResult,
-        PagingStateResponse,
-    )> {
-        let mut attempt = 1;
-        loop {
-            bump(if serial {
-                &self.shared.counters.serial_reads
-            } else {
-                &self.shared.counters.reads
-            });
-            match self
-                .session_ref()
-                .execute_single_page(statement, &values, paging.clone())
-                .await
-            {
-                Ok(page) => return Ok(page),
-                Err(e) => {
-                    let err = to_error(op, e);
-                    if !retry_read(&err, attempt).await {
-                        return Err(err);
-                    }
-                    attempt += 1;
-                }
-            }
-        }
-    }
-
+    /// The version's two static cells, read serially.
     pub(super) async fn read_statics(&self, pk: Pk<'_>) -> Result<StaticsRow> {
         let st = self.statements().await?;
         let result = self.exec_read("read", &st.read_statics, pk, true).await?;
-        let rows = result.into_rows_result().map_err(|e| {
-            MembershipError::corrupt(None, format!("read returned no rows result: {e}"))
-        })?;
-        Ok(rows
-            .maybe_first_row::<StaticsRow>()
-            .map_err(|e| self.shape_error(e))?
+        Ok(self
+            .first_row(result, None, "read returned no rows result")?
             .unwrap_or(StaticsRow {
                 version: None,
                 version_etag: None,
             }))
     }
 
-    pub(super) fn shape_error(&self, e: impl std::fmt::Display) -> MembershipError {
-        MembershipError::SchemaMismatch {
-            table: self.shared.qualified.clone(),
-            detail: format!("a result does not have the expected columns: {e}"),
+    /// `read_all`: the whole partition as one snapshot; a version lost while entries remain is
+    /// an error, never an absent version.
+    pub(super) async fn read_snapshot(&self) -> Result<MembershipSnapshot> {
+        let read = self.read_partition(self.pk()).await?;
+        if read.version_lost {
+            return Err(lost_version_error(None));
         }
-    }
-
-    /// The heartbeat elements of the partition, read at the commit level: heartbeats are plain
-    /// writes outside the versioned view, so a serial read would add a Paxos round and no order.
-    async fn read_heartbeat_map(&self, pk: Pk<'_>) -> Result<HashMap<String, StoredHeartbeat>> {
-        let st = self.statements().await?;
-        let result = self
-            .exec_read("read", &st.read_heartbeat_values, pk, false)
-            .await?;
-        let rows = result
-            .into_rows_result()
-            .map_err(|e| MembershipError::corrupt(None, format!("heartbeat read: {e}")))?;
-        let row: Option<(Option<HashMap<String, StoredHeartbeat>>,)> =
-            rows.maybe_first_row().map_err(|e| self.shape_error(e))?;
-        Ok(row.and_then(|(m,)| m).unwrap_or_default())
+        let snapshot = read.snapshot();
+        Span::current().record("rows", snapshot.rows.len());
+        Ok(snapshot)
     }
 
     /// Reads the whole partition of `cluster_id` as one view: the rows page by page, each page a
@@ -255,7 +142,7 @@ impl CassandraMembershipTable {
             }
             let (first, heartbeats) = tokio::join!(
                 self.read_page("read", read_rows, pk, PagingState::start(), true),
-                self.read_heartbeat_map(pk),
+                self.read_heartbeats(pk, "read"),
             );
             let mut page = Some(first?);
             let heartbeats = heartbeats?;
@@ -369,12 +256,11 @@ impl CassandraMembershipTable {
                 serial,
             )
             .await?;
-        let rows = result.into_rows_result().map_err(|e| {
-            MembershipError::corrupt(Some(&key), format!("read returned no rows result: {e}"))
-        })?;
-        let Some(row) = rows
-            .maybe_first_row::<EntryWithStaticsRow>()
-            .map_err(|e| self.shape_error(e))?
+        let Some(row) = self.first_row::<EntryWithStaticsRow>(
+            result,
+            Some(&key),
+            "read returned no rows result",
+        )?
         else {
             return Ok(None);
         };
@@ -442,16 +328,12 @@ impl CassandraMembershipTable {
     /// The first row of a serial `read_row*` statement, if any.
     async fn read_one_of(
         &self,
-        statement: &scylla::statement::prepared::PreparedStatement,
-        values: impl scylla::serialize::row::SerializeRow,
+        statement: &PreparedStatement,
+        values: impl SerializeRow,
         key: &str,
     ) -> Result<Option<EntryWithStaticsRow>> {
         let result = self.exec_read("read_row", statement, values, true).await?;
-        let rows = result.into_rows_result().map_err(|e| {
-            MembershipError::corrupt(Some(key), format!("read returned no rows result: {e}"))
-        })?;
-        rows.maybe_first_row::<EntryWithStaticsRow>()
-            .map_err(|e| self.shape_error(e))
+        self.first_row(result, Some(key), "read returned no rows result")
     }
 
     /// The snapshot a row read says: the silo's entry, or — when the row is another silo's (a

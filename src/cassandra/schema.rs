@@ -7,10 +7,10 @@ use tracing::debug;
 use uuid::Uuid;
 
 use super::CassandraMembershipTable;
-use super::driver_errors::{may_have_applied, to_error};
-use super::read::schema_lag;
+use super::bind::InitVersionValues;
+use super::errors::to_error;
+use super::exec::{Outcome, schema_lag};
 use super::statements::{self, create_keyspace_cql, create_table_cql};
-use super::values::InitVersionValues;
 use crate::error::{MembershipError, Result};
 
 /// The schema-check detail for a table whose columns are not (yet) listed.
@@ -20,13 +20,13 @@ impl CassandraMembershipTable {
     /// `initialize`: the schema, the TTL reconciliation, then the cluster's version if asked.
     pub(super) async fn initialize_cluster(&self, try_init_version: bool) -> Result<()> {
         // Every step is idempotent (IF NOT EXISTS, a conditional version insert, an audit), so a
-        // passing failure — `Unavailable`, `Timeout`, or a schema lag (read.rs `schema_lag`): a
+        // passing failure — `Unavailable`, `Timeout`, or a schema lag (exec.rs `schema_lag`): a
         // node that has not applied a table just created yet, a connection lost while many silos
         // start at once — is retried while request_timeout has not passed since the first try
         // (a silent node must not hold a caller much longer than that).
         // A schema lag answers at once (no silent node behind it) and can last as long as a schema
         // change takes to spread: it gets schema_timeout.
-        let o = self.opts();
+        let o = self.options();
         let started = tokio::time::Instant::now();
         let passing = started + o.request_timeout.min(o.schema_timeout);
         let lagging = started + o.schema_timeout;
@@ -79,13 +79,15 @@ impl CassandraMembershipTable {
             service_id: self.service_id(),
             cluster_id: &self.cluster_id,
         };
-        match self.exec_conditional(&st.init_version, values).await {
-            Ok(r) => {
-                let created = r?;
-                debug!(created, "table version initialized");
+        match self
+            .conditional("initialize", &st.init_version, values)
+            .await?
+        {
+            outcome @ (Outcome::Applied | Outcome::NotApplied) => {
+                debug!(created = outcome.applied(), "table version initialized");
                 Ok(())
             }
-            Err(e) if may_have_applied(&e) => {
+            Outcome::Ambiguous(e) => {
                 // Either this write or another silo's created the version, or none did: look.
                 let statics = self.read_statics(self.pk()).await?;
                 if statics.version_etag.is_some() {
@@ -94,16 +96,15 @@ impl CassandraMembershipTable {
                     Err(MembershipError::OutcomeUnknown {
                         operation: "initialize",
                         detail: "the version is still missing after an ambiguous write".into(),
-                        source: Box::new(e),
+                        source: e,
                     })
                 }
             }
-            Err(e) => Err(to_error("initialize", e)),
         }
     }
 
     async fn ensure_schema(&self) -> Result<()> {
-        let o = self.opts();
+        let o = self.options();
         if let Some(replication) = &o.create_keyspace_with_replication {
             self.schema_change(create_keyspace_cql(&o.keyspace, replication))
                 .await?;
@@ -146,8 +147,8 @@ impl CassandraMembershipTable {
     /// Waits for schema agreement, at most `schema_timeout` (the driver's own bound is the
     /// session's, 60 s by default, or whatever a host's session says).
     pub(super) async fn await_schema_agreement(&self) -> Result<()> {
-        let limit = self.opts().schema_timeout;
-        match tokio::time::timeout(limit, self.session_ref().await_schema_agreement()).await {
+        let limit = self.options().schema_timeout;
+        match tokio::time::timeout(limit, self.session().await_schema_agreement()).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(MembershipError::Unavailable {
                 operation: "initialize",
@@ -169,7 +170,7 @@ impl CassandraMembershipTable {
         scylla::response::query_result::QueryResult,
         scylla::errors::ExecutionError,
     > {
-        self.query_within(cql.into(), values, self.opts().request_timeout)
+        self.query_within(cql.into(), values, self.options().request_timeout)
             .await
     }
 
@@ -177,7 +178,7 @@ impl CassandraMembershipTable {
     /// schema-agreement wait the driver follows it with, which the request timeout does not cover.
     /// A failed wait is reported as `Timeout` / `Unavailable`: the change itself applied.
     pub(super) async fn schema_change(&self, cql: impl Into<String>) -> Result<()> {
-        self.query_within(cql.into(), (), self.opts().schema_timeout)
+        self.query_within(cql.into(), (), self.options().schema_timeout)
             .await
             .map(drop)
             .map_err(|e| to_error("initialize", e))
@@ -194,56 +195,57 @@ impl CassandraMembershipTable {
     > {
         let mut statement = scylla::statement::unprepared::Statement::new(cql);
         statement.set_request_timeout(Some(limit));
-        tokio::time::timeout(limit, self.session_ref().query_unpaged(statement, values))
+        tokio::time::timeout(limit, self.session().query_unpaged(statement, values))
             .await
             .unwrap_or(Err(scylla::errors::ExecutionError::RequestTimeout(limit)))
     }
 
-    async fn keyspace_exists(&self) -> Result<bool> {
-        let result = self
-            .query_bounded(
-                "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",
-                (&self.opts().keyspace,),
-            )
+    /// The rows of a read of `system_schema`, bounded as [`Self::query_bounded`].
+    async fn read_system_schema(
+        &self,
+        cql: &'static str,
+        values: impl scylla::serialize::row::SerializeRow,
+    ) -> Result<scylla::response::query_result::QueryRowsResult> {
+        self.query_bounded(cql, values)
             .await
-            .map_err(|e| to_error("initialize", e))?;
-        let rows = result
+            .map_err(|e| to_error("initialize", e))?
             .into_rows_result()
-            .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?;
+            .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))
+    }
+
+    async fn keyspace_exists(&self) -> Result<bool> {
+        let rows = self
+            .read_system_schema(
+                "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",
+                (&self.options().keyspace,),
+            )
+            .await?;
         Ok(rows.rows_num() > 0)
     }
 
     /// `default_time_to_live` and `gc_grace_seconds` of the table, if it exists.
     pub(super) async fn table_settings(&self) -> Result<Option<(i32, i32)>> {
-        let o = self.opts();
-        let result = self
-            .query_bounded(
+        let o = self.options();
+        let rows = self
+            .read_system_schema(
                 "SELECT default_time_to_live, gc_grace_seconds FROM system_schema.tables \
                  WHERE keyspace_name = ? AND table_name = ?",
                 (&o.keyspace, &o.table),
             )
-            .await
-            .map_err(|e| to_error("initialize", e))?;
-        let rows = result
-            .into_rows_result()
-            .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?;
+            .await?;
         rows.maybe_first_row::<(Option<i32>, Option<i32>)>()
             .map(|r| r.map(|(ttl, gc)| (ttl.unwrap_or(0), gc.unwrap_or(0))))
             .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))
     }
 
     async fn check_columns(&self) -> Result<()> {
-        let o = self.opts();
-        let result = self
-            .query_bounded(
+        let o = self.options();
+        let rows = self
+            .read_system_schema(
                 "SELECT column_name, type, kind, clustering_order FROM system_schema.columns WHERE keyspace_name = ? AND table_name = ?",
                 (&o.keyspace, &o.table),
             )
-            .await
-            .map_err(|e| to_error("initialize", e))?;
-        let rows = result
-            .into_rows_result()
-            .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?;
+            .await?;
         let mut actual = HashMap::new();
         let mut descending = false;
         for row in rows

@@ -7,8 +7,8 @@ use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::{Consistency, SerialConsistency};
 
-use super::driver_errors::{ProviderRetryPolicy, StatementKind};
 use super::options::ConsistencyProfile;
+use super::retry::{ProviderRetryPolicy, StatementKind};
 
 pub(crate) const CREATE_KEYSPACE: &str = include_str!("../../cql/create_keyspace.cql");
 pub(crate) const CREATE_TABLE: &str = include_str!("../../cql/create_table.cql");

@@ -13,10 +13,9 @@
 use tracing::warn;
 use uuid::Uuid;
 
-use super::CassandraMembershipTable;
-use super::driver_errors::{may_have_applied, to_error};
-use super::values::Pk;
-use crate::error::{MembershipError, Result};
+use super::bind::WriteVersionValues;
+use super::{CassandraMembershipTable, Pk};
+use crate::error::Result;
 use crate::model::Timestamp;
 
 /// The number a lost version is re-created at: microseconds since the Unix epoch. A version
@@ -39,11 +38,8 @@ impl CassandraMembershipTable {
         let result = self
             .exec_read(operation, &st.read_version_ttl, self.pk(), false)
             .await?;
-        let rows = result.into_rows_result().map_err(|e| {
-            MembershipError::corrupt(None, format!("version TTL read returned no rows: {e}"))
-        })?;
         let row: Option<(Option<Uuid>, Option<i32>)> =
-            rows.maybe_first_row().map_err(|e| self.shape_error(e))?;
+            self.first_row(result, None, "version TTL read returned no rows")?;
         Ok(match row {
             Some((Some(_), ttl)) => Some(ttl),
             _ => None,
@@ -53,7 +49,7 @@ impl CassandraMembershipTable {
     /// The TTL a fence writes the version with: what the version carries now, never less (and
     /// never a TTL where it has none). A failed read is an error: the fence is then not sent.
     pub(super) async fn fence_ttl(&self) -> Result<i32> {
-        if self.opts().ttl_seconds().is_none() {
+        if self.options().ttl_seconds().is_none() {
             return Ok(0);
         }
         Ok(match self.read_version_ttl("fence").await? {
@@ -76,12 +72,11 @@ impl CassandraMembershipTable {
         };
         warn!(table = %self.shared.qualified, cluster = pk.cluster_id, version, ttl,
             "the table version is missing while entries remain; re-creating it at a number no earlier version can have reached");
-        let values = self.version_values_in(pk, version, Uuid::new_v4(), None, ttl);
-        match self.exec_conditional(&st.write_version, values).await {
-            Ok(reply) => reply.map(|_| true),
-            Err(e) if may_have_applied(&e) => Ok(true),
-            Err(e) => Err(to_error(OPERATION, e)),
-        }
+        let values = WriteVersionValues::new(pk, version, Uuid::new_v4(), None, ttl);
+        // Applied, not, or ambiguous: the caller's next read tells.
+        self.conditional(OPERATION, &st.write_version, values)
+            .await
+            .map(|_| true)
     }
 
     /// The TTL a re-created version needs to outlive every row, from the rows alone (silos of

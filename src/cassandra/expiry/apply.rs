@@ -6,19 +6,18 @@
 
 use std::time::Instant;
 
-use scylla::errors::ExecutionError;
 use tracing::{info, warn};
 use uuid::Uuid;
 
 use super::audit::TtlAudit;
 use super::plan::{CellPatch, Plan, RowPatch, VersionPatch};
 use super::ttl::TtlRules;
-use crate::cassandra::driver_errors::{may_have_applied, to_error};
-use crate::cassandra::statements::{Statements, alter_table_ttl_cql};
-use crate::cassandra::values::{
-    DeleteEntryValues, DeleteStaticsValues, Pk, UpdateEntryValues, WriteVersionValues,
+use crate::cassandra::bind::{
+    DeleteEntryValues, DeleteStaticsValues, EntryValues, UpdateEntryValues, WriteVersionValues,
 };
-use crate::cassandra::{CassandraMembershipTable, MAX_ATTEMPTS, TtlMismatchPolicy};
+use crate::cassandra::exec::Outcome;
+use crate::cassandra::statements::{Statements, alter_table_ttl_cql};
+use crate::cassandra::{CassandraMembershipTable, MAX_ATTEMPTS, Pk, TtlMismatchPolicy};
 use crate::error::{MembershipError, Result};
 use crate::model::Timestamp;
 
@@ -33,16 +32,14 @@ enum Step {
     Replan,
 }
 
-/// The step a conditional write of a patch came to; a hard error (invalid, unauthorized, …)
-/// is returned as such, never retried.
-fn settle(outcome: std::result::Result<Result<bool>, ExecutionError>) -> Result<Step> {
-    match outcome {
-        Ok(Ok(true)) => Ok(Step::Applied),
-        Ok(Ok(false)) => Ok(Step::Replan),
-        Ok(Err(e)) => Err(e),
-        Err(e) if may_have_applied(&e) => Ok(Step::Replan),
-        Err(e) => Err(to_error(PATCH, e)),
-    }
+/// The step a conditional write of a patch came to; a hard error (invalid, unauthorized, an
+/// unreadable reply) is returned as such, never retried.
+fn settle(outcome: Result<Outcome>) -> Result<Step> {
+    Ok(if outcome?.applied() {
+        Step::Applied
+    } else {
+        Step::Replan
+    })
 }
 
 /// The rows a patch rewrote and removed, counted as sent over all its attempts.
@@ -106,7 +103,7 @@ impl CassandraMembershipTable {
             self.repair_version(self.pk(), plan).await?;
             return Ok(true);
         }
-        match self.opts().ttl_mismatch {
+        match self.options().ttl_mismatch {
             TtlMismatchPolicy::Throw => Err(MembershipError::TtlMismatch {
                 table: audit.table.clone(),
                 table_ttl_seconds: audit.table_default_ttl,
@@ -146,12 +143,11 @@ impl CassandraMembershipTable {
             return Ok(());
         };
         let st = self.statements().await?;
-        let values = self.version_values_in(pk, read.version.version as i64, tag, Some(tag), ttl);
-        match self.exec_conditional(&st.write_version, values).await {
-            Ok(reply) => reply.map(|_| ()),
-            Err(e) if may_have_applied(&e) => Ok(()),
-            Err(e) => Err(to_error("initialize (version TTL repair)", e)),
-        }
+        let values = WriteVersionValues::new(pk, read.version.version as i64, tag, Some(tag), ttl);
+        // A lost race or an ambiguous outcome leaves the repair to the next write or start.
+        self.conditional("initialize (version TTL repair)", &st.write_version, values)
+            .await
+            .map(|_| ())
     }
 
     async fn patch_ttl(&self, audit: &TtlAudit) -> Result<()> {
@@ -217,7 +213,7 @@ impl CassandraMembershipTable {
     /// time) still removes it.
     async fn patch_heartbeats(&self, pk: Pk<'_>, plan: &Plan) -> Result<()> {
         let now = Timestamp::now();
-        let rules = TtlRules::of(self.opts());
+        let rules = TtlRules::of(self.options());
         for cell in self.read_heartbeat_cells(pk, PATCH).await? {
             match plan.heartbeat_patch(&cell, now, &rules) {
                 CellPatch::Leave => {}
@@ -256,8 +252,7 @@ impl PatchAttempt<'_> {
     fn kept_version(&self, ttl: i32) -> WriteVersionValues<'_> {
         let version = self.plan.read.version.version as i64;
         let tag = self.version_etag;
-        self.table
-            .version_values_in(self.pk, version, tag, Some(tag), ttl)
+        WriteVersionValues::new(self.pk, version, tag, Some(tag), ttl)
     }
 
     /// Rewrites (in a batch with the version, which keeps its tag) or removes the rows the plan
@@ -278,7 +273,7 @@ impl PatchAttempt<'_> {
                     heartbeat,
                     ttl,
                 } => {
-                    let entry = || table.entry_values_in(pk, &stored.entry, silo, stored.etag, ttl);
+                    let entry = || EntryValues::new(pk, &stored.entry, silo, stored.etag, ttl);
                     let values = (
                         entry(),
                         UpdateEntryValues {
@@ -290,7 +285,7 @@ impl PatchAttempt<'_> {
                         self.kept_version(plan.batch_version_ttl()),
                     );
                     counts.rewritten += 1;
-                    settle(table.exec_conditional_batch(&st.patch_batch, values).await)?
+                    settle(table.conditional(PATCH, &st.patch_batch, values).await)?
                 }
                 RowPatch::Remove {
                     silo,
@@ -306,7 +301,7 @@ impl PatchAttempt<'_> {
                         expected_heartbeat: heartbeat,
                     };
                     counts.removed += 1;
-                    settle(table.exec_conditional(&st.delete_entry, values).await)?
+                    settle(table.conditional(PATCH, &st.delete_entry, values).await)?
                 }
             };
             if step == Step::Replan {
@@ -327,11 +322,11 @@ impl PatchAttempt<'_> {
                     cluster_id: self.pk.cluster_id,
                     expected_version_etag: Some(self.version_etag),
                 };
-                settle(table.exec_conditional(&st.delete_statics, values).await)
+                settle(table.conditional(PATCH, &st.delete_statics, values).await)
             }
             VersionPatch::Rewrite { ttl } => {
                 let values = self.kept_version(ttl);
-                settle(table.exec_conditional(&st.write_version, values).await)
+                settle(table.conditional(PATCH, &st.write_version, values).await)
             }
         }
     }

@@ -16,10 +16,10 @@
 //!
 //! Other clusters' rows are never read for the verdict and never written.
 //!
-//! The parts, leaves first (no file uses one listed after it):
+//! The parts, leaves first (no file uses one listed after it); heartbeat elements as stored are
+//! `../heartbeats.rs`'s:
 //! - `ttl.rs`: TTL arithmetic and the rules every decision shares (floors, caps, renewals);
 //! - `audit.rs`: the public audit types;
-//! - `heartbeat_cells.rs`: heartbeat elements as stored, with write times and TTLs;
 //! - `plan.rs`: the pure planner — what `patch` and the repairs do, decided from rows read;
 //! - `state.rs`: what a table value knows of its partition's expiry, and the TTLs its writes
 //!   and renewals carry;
@@ -28,12 +28,10 @@
 
 mod apply;
 mod audit;
-mod heartbeat_cells;
 mod plan;
 mod scan;
 mod state;
 mod ttl;
 
 pub use audit::{PatchAction, RowAudit, TtlAudit};
-pub(super) use heartbeat_cells::{HeartbeatCell, HeartbeatCellsRow};
 pub(super) use state::ExpiryState;

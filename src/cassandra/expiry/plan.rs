@@ -10,11 +10,12 @@ use scylla::DeserializeRow;
 use uuid::Uuid;
 
 use super::audit::{PatchAction, RowAudit};
-use super::heartbeat_cells::HeartbeatCell;
 use super::ttl::{TtlRules, clamp_ttl, remaining_seconds};
+use crate::cassandra::Pk;
+use crate::cassandra::decode::StoredEntry;
+use crate::cassandra::heartbeats::HeartbeatCell;
+use crate::cassandra::heartbeats::{StoredHeartbeat, merge_heartbeat};
 use crate::cassandra::read::PartitionRead;
-use crate::cassandra::rows::{StoredEntry, StoredHeartbeat, merge_heartbeat};
-use crate::cassandra::values::Pk;
 use crate::model::{SiloStatus, Timestamp};
 
 /// One row of `audit_partition.cql`.

@@ -1,7 +1,7 @@
 //! The planner's decisions, without a node: partitions are built as the two reads would return
 //! them, and planned at a fixed `now`.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use scylla::value::CqlTimestamp;
 use uuid::Uuid;
@@ -58,7 +58,7 @@ impl Partition {
                 version_etag: Some(tag),
                 entries: Vec::new(),
                 empty_rows: Vec::new(),
-                heartbeats: HashMap::new(),
+                heartbeats: BTreeMap::new(),
                 version_lost: false,
             },
             version: Some((ttl, ago(written_ago).as_millis() * 1000)),

@@ -9,7 +9,7 @@ use super::audit::{PatchAction, RowAudit, TtlAudit};
 use super::plan::{PartitionRows, Plan, ScanRow, plan};
 use super::ttl::TtlRules;
 use crate::cassandra::CassandraMembershipTable;
-use crate::cassandra::values::Pk;
+use crate::cassandra::Pk;
 use crate::error::{MembershipError, Result};
 use crate::model::Timestamp;
 
@@ -49,7 +49,7 @@ impl CassandraMembershipTable {
         let audit = TtlAudit {
             table: self.shared.qualified.clone(),
             table_default_ttl,
-            configured_ttl: self.opts().ttl_seconds().unwrap_or(0),
+            configured_ttl: self.options().ttl_seconds().unwrap_or(0),
             rows,
         };
         Ok((audit, plan))
@@ -61,7 +61,7 @@ impl CassandraMembershipTable {
         let read = self.read_partition(pk).await?;
         let scan = self.scan_partition(pk).await?;
         let rows = PartitionRows { pk, read, scan };
-        Ok(plan(rows, now, &TtlRules::of(self.opts())))
+        Ok(plan(rows, now, &TtlRules::of(self.options())))
     }
 
     /// One paged plain read of the partition's tags and TTLs.

@@ -12,8 +12,8 @@ use tracing::warn;
 use super::plan::{ScanRow, VersionFloor, version_floor};
 use super::ttl::{self, TtlRules, keep_longer, renewed_row_ttl};
 use crate::cassandra::CassandraMembershipTable;
+use crate::cassandra::bind::SiloKey;
 use crate::cassandra::options::MAX_TTL_SECONDS;
-use crate::cassandra::values::SiloKey;
 use crate::error::{MembershipError, Result};
 
 /// What a table value knows of its partition's expiry, from its last audit or scan.
@@ -105,14 +105,14 @@ impl CassandraMembershipTable {
 
     /// Whether storage covers defunct cleanup for this cluster (see README "Expiry").
     pub(crate) fn storage_covers_cleanup(&self) -> bool {
-        self.opts().ttl_seconds().is_some() && self.expiry_state.covered.load(Ordering::Relaxed)
+        self.options().ttl_seconds().is_some() && self.expiry_state.covered.load(Ordering::Relaxed)
     }
 
     /// Scans the partition's TTLs and records what a renewal needs: whether rows without TTL
     /// (or with a longer one) share it, and the longest row TTL. Returns the scan.
     async fn refresh_expiry_state(&self) -> Result<Vec<ScanRow>> {
         let scan = self.scan_partition(self.pk()).await?;
-        let floor = version_floor(&scan, &TtlRules::of(self.opts()));
+        let floor = version_floor(&scan, &TtlRules::of(self.options()));
         self.expiry_state.record_scan(floor);
         Ok(scan)
     }
@@ -127,7 +127,7 @@ impl CassandraMembershipTable {
     /// still published, and the next one renews). A failed scan teaches nothing about the
     /// partition: the renewal reads its own TTLs instead, and the next one scans again.
     pub(crate) async fn renewal_ttls(&self, silo: &str) -> Result<Option<(i32, i32)>> {
-        let interval = Duration::from_secs(self.opts().renewal_seconds());
+        let interval = Duration::from_secs(self.options().renewal_seconds());
         if self.expiry_state.claim_scan(interval) {
             match self.refresh_expiry_state().await {
                 Ok(scan) => {
@@ -190,7 +190,7 @@ impl CassandraMembershipTable {
     /// without TTL was written by a silo with expiry off (maybe an older binary), which never
     /// renews it. Whatever cannot be read as expected gets no TTL (the safe side).
     pub(crate) async fn ttls_for_write(&self, silo: &str, insert: bool) -> Result<(i32, i32)> {
-        if self.opts().ttl_seconds().is_none() {
+        if self.options().ttl_seconds().is_none() {
             return Ok((0, 0));
         }
         let write_ttl = self.write_ttl();

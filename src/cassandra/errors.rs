@@ -1,12 +1,12 @@
-//! Maps driver errors to [`MembershipError`], tells which failures leave a conditional write's
-//! outcome unknown, and the retry policies the provider sets on every statement it runs.
+//! Maps driver errors to [`MembershipError`], and tells which failures leave a conditional
+//! write's outcome unknown.
 
 use scylla::errors::{
     ConnectionError, ConnectionPoolError, ConnectionSetupRequestErrorKind, DbError, ExecutionError,
     MetadataError, NewSessionError, RequestAttemptError,
 };
-use scylla::policies::retry::{RequestInfo, RetryDecision, RetryPolicy, RetrySession};
 
+use super::statements::PrepareFailure;
 use crate::error::MembershipError;
 
 /// True when the request may have reached a replica and been applied (or may still be):
@@ -127,7 +127,7 @@ pub(crate) fn execution_access_denied(err: &ExecutionError) -> bool {
 }
 
 /// True when preparing failed for the credentials or the role's permissions.
-pub(crate) fn prepare_access_denied(err: &scylla::errors::PrepareError) -> bool {
+fn prepare_access_denied(err: &scylla::errors::PrepareError) -> bool {
     match err {
         scylla::errors::PrepareError::ConnectionPoolError(p) => pool_access_denied(p),
         scylla::errors::PrepareError::AllAttemptsFailed {
@@ -151,6 +151,35 @@ pub(crate) fn prepare_refused_statement(err: &scylla::errors::PrepareError) -> b
             ),
         }
     )
+}
+
+/// The error for statements that did not prepare against `table`.
+pub(crate) fn prepare_error(table: &str, e: PrepareFailure) -> MembershipError {
+    match e {
+        PrepareFailure::Timeout => MembershipError::Timeout {
+            operation: "prepare",
+            source: Box::new(e),
+        },
+        PrepareFailure::Refused(e) if prepare_access_denied(&e) => MembershipError::AccessDenied {
+            operation: "prepare",
+            user: None,
+            host_session: false,
+            source: Box::new(e),
+        },
+        // Only the node refusing a statement means the table is missing or has another shape;
+        // no connection, a broken one, an overloaded node, or ids differing mid-schema-change
+        // heal by themselves.
+        PrepareFailure::Refused(e) if prepare_refused_statement(&e) => {
+            MembershipError::SchemaMismatch {
+                table: table.to_owned(),
+                detail: format!("the provider's statements do not prepare against it: {e}"),
+            }
+        }
+        PrepareFailure::Refused(e) => MembershipError::Unavailable {
+            operation: "prepare",
+            source: Box::new(e),
+        },
+    }
 }
 
 /// True when a session could not be built because the login was refused.
@@ -212,136 +241,23 @@ pub(crate) fn to_error(operation: &'static str, err: ExecutionError) -> Membersh
     }
 }
 
-/// What a statement is, for its retry policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum StatementKind {
-    /// A conditional write (LWT or conditional batch): never sent twice. Once it may have
-    /// reached a coordinator, a second attempt could apply after, or answer `[applied] = false`
-    /// because of, the first; the provider resolves the outcome itself instead.
-    Conditional,
-    /// A read (serial or not) or a plain write with an explicit timestamp: repeating it
-    /// changes nothing, so it may be retried within the statement's request timeout.
-    Idempotent,
-}
-
-/// How many times an idempotent statement is retried (the request timeout bounds them all).
-const IDEMPOTENT_RETRIES: u32 = 2;
-
-/// The decision for the `attempt`-th failure (0-based) of a statement of `kind`.
-pub(crate) fn decide(
-    kind: StatementKind,
-    error: &RequestAttemptError,
-    attempt: u32,
-) -> RetryDecision {
-    match kind {
-        StatementKind::Conditional => RetryDecision::DontRetry,
-        StatementKind::Idempotent if attempt >= IDEMPOTENT_RETRIES => RetryDecision::DontRetry,
-        StatementKind::Idempotent => match error {
-            RequestAttemptError::BrokenConnectionError(_) => RetryDecision::RetryNextTarget(None),
-            RequestAttemptError::DbError(db, _) => match db {
-                DbError::Unavailable { .. }
-                | DbError::Overloaded
-                | DbError::IsBootstrapping
-                | DbError::ServerError
-                | DbError::RateLimitReached { .. } => RetryDecision::RetryNextTarget(None),
-                // A serial read that finds a proposal in progress completes it, and may time
-                // out doing so (as a CAS write timeout): the same node can finish next time.
-                DbError::ReadTimeout { .. } | DbError::WriteTimeout { .. } => {
-                    RetryDecision::RetrySameTarget(None)
-                }
-                _ => RetryDecision::DontRetry,
-            },
-            _ => RetryDecision::DontRetry,
-        },
-    }
-}
-
-/// The provider's retry policy, set on each statement so that it holds on a host's own session
-/// whatever that session's default policy is.
-#[derive(Debug)]
-pub(crate) struct ProviderRetryPolicy(pub(crate) StatementKind);
-
-struct ProviderRetrySession {
-    kind: StatementKind,
-    attempt: u32,
-}
-
-impl RetryPolicy for ProviderRetryPolicy {
-    fn new_session(&self) -> Box<dyn RetrySession> {
-        Box::new(ProviderRetrySession {
-            kind: self.0,
-            attempt: 0,
-        })
-    }
-}
-
-impl RetrySession for ProviderRetrySession {
-    fn decide_should_retry(&mut self, request_info: RequestInfo) -> RetryDecision {
-        let decision = decide(self.kind, request_info.error, self.attempt);
-        self.attempt += 1;
-        decision
-    }
-
-    fn reset(&mut self) {
-        self.attempt = 0;
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
-    use scylla::errors::{BrokenConnectionErrorKind, WriteType};
+    use scylla::errors::BrokenConnectionErrorKind;
     use scylla::statement::Consistency;
 
-    fn db(e: DbError) -> RequestAttemptError {
+    /// A node's refusal `e` (its message does not matter).
+    pub(in crate::cassandra) fn db(e: DbError) -> RequestAttemptError {
         RequestAttemptError::DbError(e, "msg".into())
     }
 
-    fn unavailable() -> DbError {
+    pub(in crate::cassandra) fn unavailable() -> DbError {
         DbError::Unavailable {
             consistency: Consistency::Serial,
             required: 2,
             alive: 1,
         }
-    }
-
-    #[test]
-    fn a_conditional_write_is_never_retried() {
-        for e in [
-            db(unavailable()),
-            db(DbError::Overloaded),
-            db(DbError::WriteTimeout {
-                consistency: Consistency::Serial,
-                received: 0,
-                required: 1,
-                write_type: WriteType::Cas,
-            }),
-            RequestAttemptError::BrokenConnectionError(
-                BrokenConnectionErrorKind::ChannelError.into(),
-            ),
-        ] {
-            assert_eq!(
-                decide(StatementKind::Conditional, &e, 0),
-                RetryDecision::DontRetry
-            );
-        }
-    }
-
-    #[test]
-    fn idempotent_statements_are_retried_a_bounded_number_of_times() {
-        let e = db(unavailable());
-        assert_eq!(
-            decide(StatementKind::Idempotent, &e, 0),
-            RetryDecision::RetryNextTarget(None)
-        );
-        assert_eq!(
-            decide(StatementKind::Idempotent, &e, IDEMPOTENT_RETRIES),
-            RetryDecision::DontRetry
-        );
-        assert_eq!(
-            decide(StatementKind::Idempotent, &db(DbError::SyntaxError), 0),
-            RetryDecision::DontRetry
-        );
     }
 
     #[test]

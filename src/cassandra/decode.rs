@@ -1,17 +1,19 @@
 //! Decoding stored rows without trusting them: every column is read as optional and checked,
-//! so a row written by hand or by another program yields a reason, never a panic.
+//! so a row written by hand or by another program yields a reason, never a panic. A result
+//! without the expected columns is a schema mismatch.
 
 use scylla::DeserializeRow;
+use scylla::deserialize::row::DeserializeRow as DeserializeRowTrait;
+use scylla::response::query_result::QueryResult;
 use scylla::value::CqlTimestamp;
 use uuid::Uuid;
 
+use super::CassandraMembershipTable;
+use super::heartbeats::StoredHeartbeat;
 use crate::error::{MembershipError, Result};
 use crate::model::{
     ETag, MembershipEntry, SiloAddress, SiloStatus, SuspectTime, TableVersion, Timestamp,
 };
-
-/// A heartbeat element: (the start time of the incarnation that wrote it, its I-am-alive time).
-pub(crate) type StoredHeartbeat = (Option<CqlTimestamp>, Option<CqlTimestamp>);
 
 /// `read_statics.cql`.
 #[derive(Debug, DeserializeRow)]
@@ -20,23 +22,50 @@ pub(crate) struct StaticsRow {
     pub(crate) version_etag: Option<Uuid>,
 }
 
-/// The entry columns, as `read_rows.cql` returns them (with the version of each row's partition).
-#[derive(Debug, DeserializeRow)]
-pub(crate) struct EntryRow {
-    pub(crate) silo: Option<String>,
-    pub(crate) version: Option<i64>,
-    pub(crate) version_etag: Option<Uuid>,
-    pub(crate) etag: Option<Uuid>,
-    pub(crate) status: Option<i32>,
-    pub(crate) suspect_times: Option<Vec<(Option<String>, Option<CqlTimestamp>)>>,
-    pub(crate) proxy_port: Option<i32>,
-    pub(crate) host_name: Option<String>,
-    pub(crate) silo_name: Option<String>,
-    pub(crate) role_name: Option<String>,
-    pub(crate) update_zone: Option<i32>,
-    pub(crate) fault_zone: Option<i32>,
-    pub(crate) start_time: Option<CqlTimestamp>,
-    pub(crate) i_am_alive: Option<CqlTimestamp>,
+/// Declares the two row types that carry an entry, from one list of its columns: [`EntryRow`]
+/// (`read_rows.cql`) and [`EntryWithStaticsRow`] (the same columns and the heartbeat element).
+/// The driver's `DeserializeRow` matches columns by name and has no `flatten`, and a field it
+/// does not find is an error: so the list is written once here, and expanded into both.
+macro_rules! entry_rows {
+    ($($column:ident: $ty:ty,)*) => {
+        /// The entry columns, as `read_rows.cql` returns them (with the version of each row's
+        /// partition).
+        #[derive(Debug, DeserializeRow)]
+        pub(crate) struct EntryRow {
+            $(pub(crate) $column: $ty,)*
+        }
+
+        /// `read_row.cql` (and `read_row_from`/`read_last_row`): one row with the partition's
+        /// version and the entry's heartbeat element.
+        #[derive(Debug, DeserializeRow)]
+        pub(crate) struct EntryWithStaticsRow {
+            pub(crate) heartbeat: Option<StoredHeartbeat>,
+            $(pub(crate) $column: $ty,)*
+        }
+
+        impl EntryWithStaticsRow {
+            pub(crate) fn split(self) -> (EntryRow, Option<StoredHeartbeat>) {
+                (EntryRow { $($column: self.$column,)* }, self.heartbeat)
+            }
+        }
+    };
+}
+
+entry_rows! {
+    silo: Option<String>,
+    version: Option<i64>,
+    version_etag: Option<Uuid>,
+    etag: Option<Uuid>,
+    status: Option<i32>,
+    suspect_times: Option<Vec<(Option<String>, Option<CqlTimestamp>)>>,
+    proxy_port: Option<i32>,
+    host_name: Option<String>,
+    silo_name: Option<String>,
+    role_name: Option<String>,
+    update_zone: Option<i32>,
+    fault_zone: Option<i32>,
+    start_time: Option<CqlTimestamp>,
+    i_am_alive: Option<CqlTimestamp>,
 }
 
 impl EntryRow {
@@ -53,51 +82,6 @@ impl EntryRow {
             && self.fault_zone.is_none()
             && self.start_time.is_none()
             && self.i_am_alive.is_none()
-    }
-}
-
-/// `read_row.cql` (and `read_row_from`/`read_last_row`): one row with the partition's version
-/// and the entry's heartbeat element.
-#[derive(Debug, DeserializeRow)]
-pub(crate) struct EntryWithStaticsRow {
-    pub(crate) silo: Option<String>,
-    pub(crate) version: Option<i64>,
-    pub(crate) version_etag: Option<Uuid>,
-    pub(crate) heartbeat: Option<StoredHeartbeat>,
-    pub(crate) etag: Option<Uuid>,
-    pub(crate) status: Option<i32>,
-    pub(crate) suspect_times: Option<Vec<(Option<String>, Option<CqlTimestamp>)>>,
-    pub(crate) proxy_port: Option<i32>,
-    pub(crate) host_name: Option<String>,
-    pub(crate) silo_name: Option<String>,
-    pub(crate) role_name: Option<String>,
-    pub(crate) update_zone: Option<i32>,
-    pub(crate) fault_zone: Option<i32>,
-    pub(crate) start_time: Option<CqlTimestamp>,
-    pub(crate) i_am_alive: Option<CqlTimestamp>,
-}
-
-impl EntryWithStaticsRow {
-    pub(crate) fn split(self) -> (EntryRow, Option<StoredHeartbeat>) {
-        (
-            EntryRow {
-                silo: self.silo,
-                version: self.version,
-                version_etag: self.version_etag,
-                etag: self.etag,
-                status: self.status,
-                suspect_times: self.suspect_times,
-                proxy_port: self.proxy_port,
-                host_name: self.host_name,
-                silo_name: self.silo_name,
-                role_name: self.role_name,
-                update_zone: self.update_zone,
-                fault_zone: self.fault_zone,
-                start_time: self.start_time,
-                i_am_alive: self.i_am_alive,
-            },
-            self.heartbeat,
-        )
     }
 }
 
@@ -187,51 +171,31 @@ pub(crate) fn decode_entry(
     Ok(StoredEntry { entry, etag })
 }
 
-/// The row etag a read hands out: the row's tag, and the entry's heartbeat element as the read
-/// saw it (`<uuid>` without an element, `<uuid>/<start ms>/<I-am-alive ms>` with one, `-` for a
-/// null field). A write decided on the read is conditioned on both (`update_entry.cql`), so a
-/// death vote cannot apply once the suspect heartbeat again: heartbeats change the element, not
-/// the row, and a tag of the row alone would not notice.
-pub(crate) fn row_etag(etag: Uuid, heartbeat: Option<StoredHeartbeat>) -> ETag {
-    let field = |t: Option<CqlTimestamp>| t.map_or_else(|| "-".to_owned(), |t| t.0.to_string());
-    match heartbeat {
-        None => ETag::new(etag.to_string()),
-        Some((start, alive)) => ETag::new(format!("{etag}/{}/{}", field(start), field(alive))),
-    }
-}
-
-/// The row tag and heartbeat element a [`row_etag`] names; `None` for a text no read of this
-/// provider hands out (which can never match).
-pub(crate) fn parse_row_etag(etag: &ETag) -> Option<(Uuid, Option<StoredHeartbeat>)> {
-    let field = |f: &str| -> Option<Option<CqlTimestamp>> {
-        if f == "-" {
-            Some(None)
-        } else {
-            f.parse::<i64>().ok().map(|ms| Some(CqlTimestamp(ms)))
+impl CassandraMembershipTable {
+    /// The error for a result that does not have the columns a statement of this table asks for.
+    pub(super) fn shape_error(&self, e: impl std::fmt::Display) -> MembershipError {
+        MembershipError::SchemaMismatch {
+            table: self.shared.qualified.clone(),
+            detail: format!("a result does not have the expected columns: {e}"),
         }
-    };
-    let mut parts = etag.as_str().split('/');
-    let row = Uuid::parse_str(parts.next()?).ok()?;
-    match (parts.next(), parts.next(), parts.next()) {
-        (None, _, _) => Some((row, None)),
-        (Some(start), Some(alive), None) => Some((row, Some((field(start)?, field(alive)?)))),
-        _ => None,
     }
-}
 
-/// The I-am-alive time a read reports: the later of the entry's own and its heartbeat element,
-/// if that element was written for this incarnation (same start time). An element of an earlier
-/// incarnation at the same address, or a damaged one, is ignored.
-pub(crate) fn merge_heartbeat(
-    mut entry: MembershipEntry,
-    heartbeat: Option<StoredHeartbeat>,
-) -> MembershipEntry {
-    if let Some((Some(start), Some(time))) = heartbeat
-        && start.0 == entry.start_time.as_millis()
+    /// The first row of a read's result, if any. A result that holds no rows at all is corrupt
+    /// (`what` and `silo` name it); rows of another shape are a schema mismatch.
+    pub(super) fn first_row<R>(
+        &self,
+        result: QueryResult,
+        silo: Option<&str>,
+        what: &str,
+    ) -> Result<Option<R>>
+    where
+        R: for<'frame, 'metadata> DeserializeRowTrait<'frame, 'metadata>,
     {
-        entry.i_am_alive_time = entry.i_am_alive_time.max(Timestamp::from_millis(time.0));
+        let rows = result
+            .into_rows_result()
+            .map_err(|e| MembershipError::corrupt(silo, format!("{what}: {e}")))?;
+        rows.maybe_first_row::<R>().map_err(|e| self.shape_error(e))
     }
-    entry
 }
 
 #[cfg(test)]
@@ -306,31 +270,6 @@ mod tests {
                 reason.contains(expected),
                 "{reason:?} should mention {expected:?}"
             );
-        }
-    }
-
-    #[test]
-    fn row_etags_round_trip_with_and_without_a_heartbeat_element() {
-        let id = Uuid::new_v4();
-        let cases = [
-            None,
-            Some((Some(CqlTimestamp(1)), Some(CqlTimestamp(-2)))),
-            Some((None, Some(CqlTimestamp(3)))),
-            Some((None, None)),
-        ];
-        for hb in cases {
-            let etag = row_etag(id, hb);
-            assert_eq!(parse_row_etag(&etag), Some((id, hb)), "{etag:?}");
-        }
-        assert_ne!(row_etag(id, None), row_etag(id, Some((None, None))));
-        for bad in [
-            "",
-            "x",
-            "00000000-0000-0000-0000-000000000000/1",
-            "00000000-0000-0000-0000-000000000000/1/2/3",
-            "00000000-0000-0000-0000-000000000000/a/2",
-        ] {
-            assert_eq!(parse_row_etag(&ETag::new(bad)), None, "{bad:?}");
         }
     }
 

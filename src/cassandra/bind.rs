@@ -4,15 +4,9 @@ use scylla::SerializeRow;
 use scylla::value::CqlTimestamp;
 use uuid::Uuid;
 
-use super::rows::StoredHeartbeat;
-use crate::model::Timestamp;
-
-/// One cluster's partition key; also the bind values of statements that take only it.
-#[derive(Clone, Copy, Debug, SerializeRow)]
-pub(crate) struct Pk<'a> {
-    pub(super) service_id: &'a str,
-    pub(super) cluster_id: &'a str,
-}
+use super::Pk;
+use super::heartbeats::StoredHeartbeat;
+use crate::model::{MembershipEntry, Timestamp};
 
 #[derive(SerializeRow)]
 pub(super) struct InitVersionValues<'a> {
@@ -56,6 +50,39 @@ pub(super) struct EntryValues<'a> {
     pub(super) ttl: i32,
 }
 
+impl<'a> EntryValues<'a> {
+    /// The whole entry, written to the row `silo` of `pk` with the tag `new_etag`.
+    pub(super) fn new(
+        pk: Pk<'a>,
+        entry: &'a MembershipEntry,
+        silo: &'a str,
+        new_etag: Uuid,
+        ttl: i32,
+    ) -> Self {
+        EntryValues {
+            service_id: pk.service_id,
+            cluster_id: pk.cluster_id,
+            silo,
+            new_etag,
+            status: entry.status.code(),
+            suspect_times: entry
+                .suspect_times
+                .iter()
+                .map(|s| (s.suspecting_silo.to_string(), to_cql(s.time)))
+                .collect(),
+            proxy_port: i32::from(entry.proxy_port),
+            host_name: &entry.host_name,
+            silo_name: &entry.silo_name,
+            role_name: &entry.role_name,
+            update_zone: entry.update_zone,
+            fault_zone: entry.fault_zone,
+            start_time: to_cql(entry.start_time),
+            i_am_alive: to_cql(entry.i_am_alive_time),
+            ttl,
+        }
+    }
+}
+
 #[derive(SerializeRow)]
 pub(super) struct UpdateEntryValues<'a> {
     #[scylla(flatten)]
@@ -77,19 +104,29 @@ pub(super) struct WriteVersionValues<'a> {
     pub(super) expected_version_etag: Option<Uuid>,
 }
 
-#[derive(SerializeRow)]
-pub(super) struct SiloKey<'a> {
-    pub(super) silo: &'a str,
-    pub(super) service_id: &'a str,
-    pub(super) cluster_id: &'a str,
+impl<'a> WriteVersionValues<'a> {
+    /// The version of `pk` written as `version` with the tag `new_etag`, expecting `expected`.
+    pub(super) fn new(
+        pk: Pk<'a>,
+        version: i64,
+        new_etag: Uuid,
+        expected: Option<Uuid>,
+        ttl: i32,
+    ) -> Self {
+        WriteVersionValues {
+            ttl,
+            version,
+            new_version_etag: new_etag,
+            service_id: pk.service_id,
+            cluster_id: pk.cluster_id,
+            expected_version_etag: expected,
+        }
+    }
 }
 
 #[derive(SerializeRow)]
-pub(super) struct HeartbeatValues<'a> {
-    pub(super) ttl: i32,
-    pub(super) write_time_micros: i64,
+pub(super) struct SiloKey<'a> {
     pub(super) silo: &'a str,
-    pub(super) heartbeat: (CqlTimestamp, CqlTimestamp),
     pub(super) service_id: &'a str,
     pub(super) cluster_id: &'a str,
 }
@@ -102,14 +139,6 @@ pub(super) struct DeleteEntryValues<'a> {
     pub(super) expected_etag: Uuid,
     pub(super) heartbeat_key: &'a str,
     pub(super) expected_heartbeat: Option<StoredHeartbeat>,
-}
-
-#[derive(SerializeRow)]
-pub(super) struct DeleteHeartbeatValues<'a> {
-    pub(super) silo: &'a str,
-    pub(super) write_time_micros: i64,
-    pub(super) service_id: &'a str,
-    pub(super) cluster_id: &'a str,
 }
 
 #[derive(SerializeRow)]

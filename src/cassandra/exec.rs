@@ -1,0 +1,357 @@
+//! Sending statements: the counts of what a table value ran, reads (sent again, once, when they
+//! fail for a passing reason), plain writes, and conditional writes, whose outcome is applied,
+//! not applied, or ambiguous.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use scylla::client::session::Session;
+use scylla::errors::ExecutionError;
+use scylla::response::PagingState;
+use scylla::response::PagingStateResponse;
+use scylla::response::query_result::QueryResult;
+use scylla::serialize::batch::BatchValues;
+use scylla::serialize::row::SerializeRow;
+use scylla::statement::batch::Batch;
+use scylla::statement::prepared::PreparedStatement;
+use scylla::value::{CqlValue, Row};
+use tracing::warn;
+use uuid::Uuid;
+
+use super::CassandraMembershipTable;
+use super::errors::{may_have_applied, to_error};
+use crate::error::{MembershipError, Result};
+
+/// How many times a statement of a read is sent when it times out. A read changes nothing we
+/// own (a serial read may complete someone's in-flight proposal, which any later read would do
+/// too), so a coordinator that was slow or lost is tried once more, most likely through another
+/// one: one statement costs the caller at most two request timeouts.
+const READ_ATTEMPTS: u32 = 2;
+
+/// Counts of the statements a table value executed, by kind: what each operation costs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatementCounts {
+    /// Plain reads at the commit level (QUORUM / LOCAL_QUORUM): one round trip each.
+    pub reads: u64,
+    /// Linearizable reads (SERIAL / LOCAL_SERIAL): each runs a Paxos round.
+    pub serial_reads: u64,
+    /// Plain writes (heartbeats, heartbeat clean-up): one round trip each.
+    pub plain_writes: u64,
+    /// Conditional writes (LWT, conditional batches): each runs a Paxos round.
+    pub conditional_writes: u64,
+}
+
+/// The running counts behind [`StatementCounts`], shared by the tables of one session.
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    reads: AtomicU64,
+    serial_reads: AtomicU64,
+    plain_writes: AtomicU64,
+    conditional_writes: AtomicU64,
+}
+
+impl Counters {
+    pub(super) fn snapshot(&self) -> StatementCounts {
+        StatementCounts {
+            reads: self.reads.load(Ordering::Relaxed),
+            serial_reads: self.serial_reads.load(Ordering::Relaxed),
+            plain_writes: self.plain_writes.load(Ordering::Relaxed),
+            conditional_writes: self.conditional_writes.load(Ordering::Relaxed),
+        }
+    }
+
+    fn read(&self, serial: bool) -> &AtomicU64 {
+        if serial {
+            &self.serial_reads
+        } else {
+            &self.reads
+        }
+    }
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Whether to send a read again after `err` on attempt `attempt` (sleeping briefly first).
+async fn retry_read(err: &MembershipError, attempt: u32) -> bool {
+    if attempt >= READ_ATTEMPTS
+        || !(matches!(err, MembershipError::Timeout { .. }) || schema_lag(err))
+    {
+        return false;
+    }
+    warn!(error = %err, attempt, "a read failed for a passing reason; sending it again");
+    let pause = 250 * u64::from(attempt) + rand::random_range(0..100);
+    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+    true
+}
+
+/// A coordinator or replica that has not applied a table another node just created answers that
+/// the table does not exist (Cassandra) or is unconfigured (ScyllaDB), or fails the read with
+/// `INCOMPATIBLE_SCHEMA` / an unknown table id, until the schema reaches it; the provider only
+/// reads tables `initialize` made sure of, so this passes.
+pub(super) fn schema_lag(err: &MembershipError) -> bool {
+    let MembershipError::Storage { source, .. } = err else {
+        return false;
+    };
+    let text = format!("{source} {source:?}");
+    [
+        "does not exist",
+        "unconfigured table",
+        "INCOMPATIBLE_SCHEMA",
+        "Unknown CF",
+    ]
+    .iter()
+    .any(|sign| text.contains(sign))
+}
+
+/// A statement or a batch: what a conditional write sends, with the values it binds.
+pub(super) trait Conditional<V> {
+    async fn execute(
+        &self,
+        session: &Session,
+        values: V,
+    ) -> std::result::Result<QueryResult, ExecutionError>;
+}
+
+impl<V: SerializeRow> Conditional<V> for PreparedStatement {
+    async fn execute(
+        &self,
+        session: &Session,
+        values: V,
+    ) -> std::result::Result<QueryResult, ExecutionError> {
+        session.execute_unpaged(self, values).await
+    }
+}
+
+impl<V: BatchValues> Conditional<V> for Batch {
+    async fn execute(
+        &self,
+        session: &Session,
+        values: V,
+    ) -> std::result::Result<QueryResult, ExecutionError> {
+        session.batch(self, values).await
+    }
+}
+
+/// What sending a conditional write came back with.
+pub(super) enum Sent {
+    /// The coordinator answered (see [`CasReply`]).
+    Answered(CasReply),
+    /// A reply came that cannot be read: the write reached a coordinator, and the reply does not
+    /// say whether it applied.
+    Unreadable(MembershipError),
+    /// It failed after it may have reached a replica ([`may_have_applied`]): it may have
+    /// applied, or may still.
+    Ambiguous(ExecutionError),
+    /// It failed before anything could apply.
+    Refused(ExecutionError),
+}
+
+impl Sent {
+    /// The outcome of a write that needs no more than `[applied]`: an unreadable reply and a
+    /// refusal are errors of `operation`.
+    pub(super) fn outcome(self, operation: &'static str) -> Result<Outcome> {
+        match self {
+            Sent::Answered(reply) if reply.applied => Ok(Outcome::Applied),
+            Sent::Answered(_) => Ok(Outcome::NotApplied),
+            Sent::Unreadable(err) => Err(err),
+            Sent::Ambiguous(err) => Ok(Outcome::Ambiguous(Box::new(err))),
+            Sent::Refused(err) => Err(to_error(operation, err)),
+        }
+    }
+}
+
+/// A conditional write's outcome.
+pub(super) enum Outcome {
+    /// `[applied] = true`.
+    Applied,
+    /// `[applied] = false`: the condition did not hold.
+    NotApplied,
+    /// No answer tells (see [`Sent::Ambiguous`]).
+    Ambiguous(Box<ExecutionError>),
+}
+
+impl Outcome {
+    /// True only when the write is known to have applied.
+    pub(super) fn applied(&self) -> bool {
+        matches!(self, Outcome::Applied)
+    }
+}
+
+/// A conditional write's answer: `[applied]`, and on failure the current values of the
+/// conditioned tags (Cassandra returns them after `[applied]`; ScyllaDB returns one row per
+/// batch statement with every column), read by column name.
+#[derive(Debug, Default)]
+pub(super) struct CasReply {
+    pub(super) applied: bool,
+    /// Every `etag` value the reply carried.
+    pub(super) etags: Vec<Uuid>,
+    /// Every `version_etag` value the reply carried.
+    pub(super) version_etags: Vec<Uuid>,
+}
+
+impl CasReply {
+    /// True if the write carrying these fresh tags took effect: `[applied]`, or a reply
+    /// `[applied] = false` that shows our own tags. Paxos answers that when it completed our
+    /// pre-empted proposal before checking the condition again, now against our own write;
+    /// the tags are random and issued once, so seeing them proves the write applied.
+    pub(super) fn took_effect(&self, row_etag: Option<Uuid>, version_etag: Uuid) -> bool {
+        self.applied
+            || self.version_etags.contains(&version_etag)
+            || row_etag.is_some_and(|e| self.etags.contains(&e))
+    }
+
+    fn read(result: QueryResult) -> Result<CasReply> {
+        let rows = result.into_rows_result().map_err(|e| {
+            MembershipError::corrupt(
+                None,
+                format!("conditional write returned no [applied] row: {e}"),
+            )
+        })?;
+        let names: Vec<String> = rows
+            .column_specs()
+            .iter()
+            .map(|c| c.name().to_owned())
+            .collect();
+        let column = |name: &str| names.iter().position(|n| n == name);
+        let (applied_at, etag_at, version_etag_at) =
+            (column("[applied]"), column("etag"), column("version_etag"));
+        let mut reply = CasReply::default();
+        let mut seen_applied = None;
+        for row in rows
+            .rows::<Row>()
+            .map_err(|e| MembershipError::corrupt(None, format!("unreadable [applied] row: {e}")))?
+        {
+            let row = row.map_err(|e| {
+                MembershipError::corrupt(None, format!("unreadable [applied] row: {e}"))
+            })?;
+            let value = |at: Option<usize>| at.and_then(|i| row.columns.get(i).cloned().flatten());
+            // ScyllaDB repeats [applied] in every row; any row names the batch's outcome.
+            match value(applied_at.or(Some(0))) {
+                Some(CqlValue::Boolean(b)) => seen_applied = Some(b),
+                other => {
+                    return Err(MembershipError::corrupt(
+                        None,
+                        format!("unexpected [applied] column: {other:?}"),
+                    ));
+                }
+            }
+            if let Some(CqlValue::Uuid(u)) = value(etag_at) {
+                reply.etags.push(u);
+            }
+            if let Some(CqlValue::Uuid(u)) = value(version_etag_at) {
+                reply.version_etags.push(u);
+            }
+        }
+        reply.applied = seen_applied
+            .ok_or_else(|| MembershipError::corrupt(None, "conditional write returned no rows"))?;
+        Ok(reply)
+    }
+}
+
+impl CassandraMembershipTable {
+    /// Sends a read (`send` makes one attempt), again once when it fails for a passing reason.
+    async fn read_with_retry<T, F>(
+        &self,
+        operation: &'static str,
+        serial: bool,
+        mut send: impl FnMut() -> F,
+    ) -> Result<T>
+    where
+        F: Future<Output = std::result::Result<T, ExecutionError>>,
+    {
+        let mut attempt = 1;
+        loop {
+            bump(self.shared.counters.read(serial));
+            match send().await {
+                Ok(r) => return Ok(r),
+                Err(e) => {
+                    let err = to_error(operation, e);
+                    if !retry_read(&err, attempt).await {
+                        return Err(err);
+                    }
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    /// A read of one statement, all its rows in one reply.
+    pub(super) async fn exec_read(
+        &self,
+        operation: &'static str,
+        statement: &PreparedStatement,
+        values: impl SerializeRow,
+        serial: bool,
+    ) -> Result<QueryResult> {
+        let session = self.session();
+        self.read_with_retry(operation, serial, || {
+            session.execute_unpaged(statement, &values)
+        })
+        .await
+    }
+
+    /// One page of a paged read.
+    pub(super) async fn read_page(
+        &self,
+        operation: &'static str,
+        statement: &PreparedStatement,
+        values: impl SerializeRow,
+        paging: PagingState,
+        serial: bool,
+    ) -> Result<(QueryResult, PagingStateResponse)> {
+        let session = self.session();
+        self.read_with_retry(operation, serial, || {
+            session.execute_single_page(statement, &values, paging.clone())
+        })
+        .await
+    }
+
+    /// A plain write (a heartbeat element's write or delete): idempotent, stamped by the
+    /// statement, sent once here (the statement's retry policy may repeat it).
+    pub(super) async fn exec_plain(
+        &self,
+        operation: &'static str,
+        statement: &PreparedStatement,
+        values: impl SerializeRow,
+    ) -> Result<()> {
+        bump(&self.shared.counters.plain_writes);
+        self.session()
+            .execute_unpaged(statement, values)
+            .await
+            .map_err(|e| to_error(operation, e))?;
+        Ok(())
+    }
+
+    /// Sends a conditional statement or batch, once: a conditional write is never sent twice
+    /// (see `retry.rs`); what came back says what is known of its outcome.
+    pub(super) async fn send_conditional<V>(
+        &self,
+        statement: &impl Conditional<V>,
+        values: V,
+    ) -> Sent {
+        bump(&self.shared.counters.conditional_writes);
+        match statement.execute(self.session(), values).await {
+            Ok(result) => match CasReply::read(result) {
+                Ok(reply) => Sent::Answered(reply),
+                Err(err) => Sent::Unreadable(err),
+            },
+            Err(e) if may_have_applied(&e) => Sent::Ambiguous(e),
+            Err(e) => Sent::Refused(e),
+        }
+    }
+
+    /// A conditional write of `operation` whose caller needs only `[applied]` (see
+    /// [`Sent::outcome`]).
+    pub(super) async fn conditional<V>(
+        &self,
+        operation: &'static str,
+        statement: &impl Conditional<V>,
+        values: V,
+    ) -> Result<Outcome> {
+        self.send_conditional(statement, values)
+            .await
+            .outcome(operation)
+    }
+}
