@@ -229,7 +229,9 @@ impl HeartbeatTask {
             health = self.planner.on_own_row(self.mono(), &read);
         }
         if !health.is_final() {
-            health = self.planner.shown(self.mono(), false, *self.unknown.borrow());
+            health = self
+                .planner
+                .shown(self.mono(), false, *self.unknown.borrow());
         }
         observe::heartbeat(&health, self.clock.now());
         self.log(&health);
@@ -245,7 +247,12 @@ impl HeartbeatTask {
     /// `None`: stopped.
     async fn read_own_row(&mut self) -> Option<Result<Option<SiloStatus>, MembershipError>> {
         let (table, address, start_time) = (Arc::clone(&self.table), self.address, self.start_time);
-        let call = bounded("read_row", false, self.call_timeout, table.read_row(&address));
+        let call = bounded(
+            "read_row",
+            false,
+            self.call_timeout,
+            table.read_row(&address),
+        );
         let read = self.watch(call, Wait::OwnRow).await?.map(|s| {
             s.get(&address)
                 .filter(|row| row.entry.start_time == start_time)

@@ -293,6 +293,19 @@ mod tests {
         Ok(HeartbeatOutcome::Refreshed { lease })
     }
 
+    /// A planner whose first publish, at monotonic 0 and wall 100, was granted a lease to be
+    /// refreshed by wall 120 (expiring at 130).
+    fn granted_at_wall_100(o: &MembershipOptions) -> HeartbeatPlanner {
+        let mut p = HeartbeatPlanner::new(o, Duration::ZERO);
+        p.on_outcome(
+            Duration::ZERO,
+            wall(100),
+            Duration::ZERO,
+            &refreshed(lease(100, 130, 120)),
+        );
+        p
+    }
+
     fn err() -> Result<HeartbeatOutcome, MembershipError> {
         Err(MembershipError::config("x", "boom"))
     }
@@ -354,14 +367,8 @@ mod tests {
     #[test]
     fn the_fence_is_the_lease_when_it_comes_first_and_a_failed_publish_does_not_move_it() {
         let o = options();
-        let mut p = HeartbeatPlanner::new(&o, Duration::ZERO);
         // Written at wall 100 (monotonic 0); refresh by wall 120: 20 s, before detection's 60 s.
-        p.on_outcome(
-            Duration::ZERO,
-            wall(100),
-            Duration::ZERO,
-            &refreshed(lease(100, 130, 120)),
-        );
+        let mut p = granted_at_wall_100(&o);
         assert_eq!(p.fence_at(), secs(20));
         p.on_outcome(secs(15), wall(115), secs(16), &err());
         assert_eq!(p.fence_at(), secs(20));
@@ -383,13 +390,7 @@ mod tests {
     #[test]
     fn a_wall_clock_step_moves_no_deadline() {
         let o = options();
-        let mut p = HeartbeatPlanner::new(&o, Duration::ZERO);
-        p.on_outcome(
-            Duration::ZERO,
-            wall(100),
-            Duration::ZERO,
-            &refreshed(lease(100, 130, 120)),
-        );
+        let mut p = granted_at_wall_100(&o);
         // The wall clock jumps back an hour: the next outcomes carry earlier wall times, the
         // monotonic deadline stays.
         p.on_outcome(secs(5), wall(100 - 3600), secs(5), &err());
