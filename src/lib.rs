@@ -53,7 +53,8 @@ pub use model::{
     TableVersion, Timestamp,
 };
 pub use options::MembershipOptions;
-pub use runtime::{Silo, SiloHealth};
+pub use runtime::health::SiloHealth;
+pub use runtime::silo::Silo;
 pub use table::{HeartbeatOutcome, Lease, MembershipTable, StorageExpiry};
 
 // The README's code compiles (its Rust blocks are doc tests).

@@ -19,14 +19,14 @@ use crate::table::MembershipTable;
 
 /// When the cleanup runs. Pure: the random draws are arguments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CleanupSchedule {
+pub(crate) struct CleanupSchedule {
     period: Duration,
     jitter: Duration,
 }
 
 impl CleanupSchedule {
     /// The schedule of these options, `None` when cleanup is disabled.
-    pub fn new(options: &MembershipOptions) -> Option<Self> {
+    pub(crate) fn new(options: &MembershipOptions) -> Option<Self> {
         options
             .defunct_silo_cleanup_period
             .map(|period| CleanupSchedule {
@@ -37,13 +37,13 @@ impl CleanupSchedule {
 
     /// Delay before the first run: a random point of the first period, so silos started
     /// together do not clean together.
-    pub fn first_delay(&self, unit_random: f64) -> Duration {
+    pub(crate) fn first_delay(&self, unit_random: f64) -> Duration {
         scale(self.period, unit_random.clamp(0.0, 1.0))
     }
 
     /// Delay between runs: the period plus up to `jitter`. Never shorter than the period, which
     /// is also the cleanup's rate limit.
-    pub fn next_delay(&self, unit_random: f64) -> Duration {
+    pub(crate) fn next_delay(&self, unit_random: f64) -> Duration {
         self.period
             .saturating_add(scale(self.jitter, unit_random.clamp(0.0, 1.0)))
     }

@@ -1,14 +1,16 @@
 //! The host runtime: what a silo host runs around the table — heartbeat with leases, defunct
 //! cleanup, failure detection, graceful leave — each tested with a fake clock or paused time.
+//!
+//! A host runs [`Silo`](crate::Silo) and watches its [`SiloHealth`](crate::SiloHealth) (both at
+//! the crate root). Public here are the pieces a host assembling its own runtime needs: the
+//! [`DefunctCleanup`] task and the versioned [`protocol`] steps.
 
-pub mod cleanup;
-mod health;
-pub mod heartbeat;
+mod cleanup;
+pub(crate) mod health;
+mod heartbeat;
 mod observe;
+mod planner;
 pub mod protocol;
-mod silo;
+pub(crate) mod silo;
 
-pub use cleanup::{CleanupNotStarted, CleanupSchedule, DefunctCleanup};
-pub use health::SiloHealth;
-pub use heartbeat::{Heartbeat, HeartbeatPlanner};
-pub use silo::Silo;
+pub use cleanup::{CleanupNotStarted, DefunctCleanup};

@@ -1,6 +1,10 @@
-//! The versioned membership-protocol steps a host needs: joining, declaring silent silos dead,
-//! and leaving gracefully. Each is a read → conditional write loop that retries version conflicts,
-//! and, within a deadline, reads that give up and calls that time out.
+//! The versioned membership-protocol steps: joining, changing a status, declaring silent silos
+//! dead, leaving gracefully. Each is a read → conditional write loop that retries version
+//! conflicts, and, within a deadline, reads that give up and calls that time out.
+//!
+//! [`Silo`](crate::Silo) runs them all. Public are the steps a host running its own loop calls:
+//! [`join`] (or [`join_within`] its [`ProtocolLimits`]), [`set_status`], [`leave`] and
+//! [`detection_round`].
 
 use std::future::Future;
 use std::time::Duration;
@@ -71,10 +75,15 @@ pub(crate) async fn bounded<T>(
 
 /// `after` from now, or about thirty years from now when that overflows (an unbounded deadline).
 pub(crate) fn deadline_after(after: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(after)
-        .or_else(|| now.checked_add(Duration::from_secs(30 * 365 * 86_400)))
-        .unwrap_or(now)
+    instant_after(Instant::now(), after)
+}
+
+/// `origin + offset`, or about thirty years on when that overflows.
+pub(crate) fn instant_after(origin: Instant, offset: Duration) -> Instant {
+    origin
+        .checked_add(offset)
+        .or_else(|| origin.checked_add(Duration::from_secs(30 * 365 * 86_400)))
+        .unwrap_or(origin)
 }
 
 /// The bound on one call: the call timeout, cut short by the deadline of the step it is part of.
@@ -132,9 +141,8 @@ pub(crate) async fn join_until(
     call_timeout: Duration,
     deadline: Instant,
 ) -> Result<()> {
-    let started = Instant::now();
+    let mut rounds = Rounds::new("join", deadline);
     let mut maybe_inserted = false;
-    let mut round = 0u32;
     loop {
         let t = call_limit(call_timeout, deadline);
         let attempt = async {
@@ -175,28 +183,24 @@ pub(crate) async fn join_until(
         .await;
         match attempt {
             Ok(true) => {
-                info!(cluster = table.cluster_id(), silo = %entry.address, status = ?entry.status, rounds = round + 1, "joined");
+                info!(cluster = table.cluster_id(), silo = %entry.address, status = ?entry.status, rounds = rounds.round + 1, "joined");
                 return Ok(());
             }
             Ok(false) => observe::conflict(),
-            Err(e) if retriable(&e) => {
+            Err(e) => {
+                let e = rounds.retry(e)?;
                 maybe_inserted |= matches!(e, MembershipError::OutcomeUnknown { .. });
-                if Instant::now() >= deadline {
-                    return Err(e);
-                }
                 debug!(cluster = table.cluster_id(), silo = %entry.address, error = %e, "join round failed; retrying");
             }
-            Err(e) => return Err(e),
         }
-        round = round.saturating_add(1);
-        if Instant::now() >= deadline {
-            return Err(contention("join", round, started.elapsed()));
-        }
-        pause(round, deadline).await;
+        rounds.next().await?;
     }
 }
 
-/// [`set_status_within`] with the default limits.
+/// Moves `address`'s entry to `status` (with the I-am-alive time `now`), retrying version
+/// conflicts, reads that give up and calls that time out until `max_join_attempt_time`, each
+/// call bounded by `table_operation_timeout` (the defaults of [`ProtocolLimits`]). Returns
+/// `false` if the entry is missing or already Dead (a Dead entry never revives).
 pub async fn set_status(
     table: &dyn MembershipTable,
     address: &SiloAddress,
@@ -206,10 +210,8 @@ pub async fn set_status(
     set_status_within(table, address, status, now, &ProtocolLimits::default()).await
 }
 
-/// Moves `address`'s entry to `status` (with the I-am-alive time `now`), retrying version
-/// conflicts, reads that give up and calls that time out until `limits.step_deadline`. Returns
-/// `false` if the entry is missing or already Dead (a Dead entry never revives).
-pub async fn set_status_within(
+/// [`set_status`] within `limits`.
+async fn set_status_within(
     table: &dyn MembershipTable,
     address: &SiloAddress,
     status: SiloStatus,
@@ -228,7 +230,7 @@ pub async fn set_status_within(
     .await
 }
 
-/// [`set_status_within`] with a deadline shared with other steps (calls in flight are cut at
+/// [`set_status`] with a deadline shared with other steps (calls in flight are cut at
 /// it); with `start_time`, only that incarnation's row is changed (another's counts as missing).
 pub(crate) async fn set_status_until(
     table: &dyn MembershipTable,
@@ -239,8 +241,7 @@ pub(crate) async fn set_status_until(
     call_timeout: Duration,
     deadline: Instant,
 ) -> Result<bool> {
-    let started = Instant::now();
-    let mut round = 0u32;
+    let mut rounds = Rounds::new("set_status", deadline);
     loop {
         let t = call_limit(call_timeout, deadline);
         let attempt = async {
@@ -278,23 +279,17 @@ pub(crate) async fn set_status_until(
             Ok(None) => observe::conflict(),
             // An unknown outcome is resolved by the next round's read: a write that applied
             // shows as the new status (written again, harmlessly) or as Dead.
-            Err(e) if retriable(&e) => {
-                if Instant::now() >= deadline {
-                    return Err(e);
-                }
+            Err(e) => {
+                let e = rounds.retry(e)?;
                 debug!(cluster = table.cluster_id(), silo = %address, error = %e, "status change round failed; retrying");
             }
-            Err(e) => return Err(e),
         }
-        round = round.saturating_add(1);
-        if Instant::now() >= deadline {
-            return Err(contention("set_status", round, started.elapsed()));
-        }
-        pause(round, deadline).await;
+        rounds.next().await?;
     }
 }
 
-/// Graceful leave with the default limits: see [`leave_within`].
+/// Graceful leave: ShuttingDown, then Dead, each through the versioned protocol (within the
+/// default [`ProtocolLimits`]), so the other silos see this one left rather than crashed.
 pub async fn leave(
     table: &dyn MembershipTable,
     address: &SiloAddress,
@@ -305,7 +300,7 @@ pub async fn leave(
 
 /// Graceful leave: ShuttingDown, then Dead, each through the versioned protocol, so the other
 /// silos see this one left rather than crashed.
-pub async fn leave_within(
+pub(crate) async fn leave_within(
     table: &dyn MembershipTable,
     address: &SiloAddress,
     now: Timestamp,
@@ -331,19 +326,8 @@ pub struct DetectionRound {
 /// detector: every other Active silo whose I-am-alive time is older than
 /// `publish period × missed limit` gets `me`'s suspicion; once it has
 /// `num_votes_for_death_declaration` fresh votes it is declared Dead. Returns the silos this
-/// round declared dead.
-pub async fn declare_silent_silos_dead(
-    table: &dyn MembershipTable,
-    me: &SiloAddress,
-    options: &MembershipOptions,
-    now: Timestamp,
-) -> Result<Vec<SiloAddress>> {
-    Ok(detection_round(table, me, options, now).await?.declared)
-}
-
-/// One round of failure detection (see [`declare_silent_silos_dead`]) that also reports `me`'s
-/// own row from the same read — no extra round trip. Every table call is bounded by
-/// `table_operation_timeout`.
+/// round declared dead, and `me`'s own row from the same read — no extra round trip. Every
+/// table call is bounded by `table_operation_timeout`.
 ///
 /// A silo whose own row is Dead or missing votes no one dead: it is no member. A suspect whose
 /// re-read or write fails is skipped (the next round retries it); only the first read failing
@@ -467,10 +451,46 @@ pub(crate) async fn detection_round_reporting(
     })
 }
 
-fn contention(operation: &'static str, attempts: u32, elapsed: Duration) -> MembershipError {
-    MembershipError::Contention {
-        operation,
-        attempts,
-        elapsed,
+/// The rounds of one step: it counts them, pauses between them and ends them at its deadline.
+struct Rounds {
+    operation: &'static str,
+    started: Instant,
+    deadline: Instant,
+    /// Rounds done before the current one.
+    round: u32,
+}
+
+impl Rounds {
+    fn new(operation: &'static str, deadline: Instant) -> Self {
+        Rounds {
+            operation,
+            started: Instant::now(),
+            deadline,
+            round: 0,
+        }
+    }
+
+    /// A round failed with `e`: `Ok(e)` when another round is worth it, `Err(e)` when `e` is
+    /// not retriable or the deadline has passed.
+    fn retry(&self, e: MembershipError) -> Result<MembershipError> {
+        if retriable(&e) && Instant::now() < self.deadline {
+            Ok(e)
+        } else {
+            Err(e)
+        }
+    }
+
+    /// Before the next round: a jittered pause, or `Contention` once the deadline has passed.
+    async fn next(&mut self) -> Result<()> {
+        self.round = self.round.saturating_add(1);
+        if Instant::now() >= self.deadline {
+            return Err(MembershipError::Contention {
+                operation: self.operation,
+                attempts: self.round,
+                elapsed: self.started.elapsed(),
+            });
+        }
+        pause(self.round, self.deadline).await;
+        Ok(())
     }
 }

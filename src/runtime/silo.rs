@@ -10,23 +10,13 @@ use tracing::warn;
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{MembershipError, Result};
-use crate::model::{MembershipEntry, SiloAddress, SiloStatus, Timestamp};
+use crate::model::{MembershipEntry, SiloAddress, SiloStatus};
 use crate::options::MembershipOptions;
 use crate::runtime::cleanup::DefunctCleanup;
 use crate::runtime::health::SiloHealth;
-use crate::runtime::heartbeat::Heartbeat;
+use crate::runtime::heartbeat::{Heartbeat, Joined};
 use crate::runtime::protocol::{self, ProtocolLimits, bounded};
 use crate::table::MembershipTable;
-
-/// What a successful join published.
-struct Joined {
-    address: SiloAddress,
-    /// When the I-am-alive time the join stored last was read (monotonic).
-    published_at: Instant,
-    published_wall: Timestamp,
-    /// The incarnation's start time: a row at the address with another is not this silo's.
-    start_time: Timestamp,
-}
 
 /// One silo's membership in a cluster.
 ///
@@ -207,15 +197,7 @@ impl Silo {
         limits: ProtocolLimits,
     ) -> Silo {
         let address = joined.address;
-        let heartbeat = Heartbeat::spawn_after_publish(
-            Arc::clone(&table),
-            address,
-            &options,
-            Arc::clone(&clock),
-            joined.published_at,
-            joined.published_wall,
-            Some(joined.start_time),
-        );
+        let heartbeat = Heartbeat::spawn(Arc::clone(&table), &joined, &options, Arc::clone(&clock));
         let start_time = joined.start_time;
         let detector = {
             let (table, clock, options) = (Arc::clone(&table), Arc::clone(&clock), options.clone());
