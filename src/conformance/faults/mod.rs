@@ -391,3 +391,102 @@ impl MembershipTable for FaultyTable {
         self.call(Operation::DeleteCluster, None, None, send).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::conformance::new_entry;
+    use crate::memory::InMemoryMembershipTable;
+
+    fn table() -> Arc<FaultyTable> {
+        Arc::new(FaultyTable::new(Arc::new(InMemoryMembershipTable::new(
+            "faults",
+        ))))
+    }
+
+    async fn insert(t: &FaultyTable, e: &MembershipEntry) -> Result<bool> {
+        let v = t.inner().read_all().await?.version;
+        t.insert_row(e, &v.next()).await
+    }
+
+    async fn read_all_answers(t: &FaultyTable, n: usize) -> Vec<bool> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            out.push(t.read_all().await.is_ok());
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn an_injection_lets_the_first_calls_through_then_acts_the_given_number_of_times() {
+        let t = table();
+        t.initialize(true).await.unwrap();
+        let id = t.inject(Injection::contention(Operation::ReadAll).after(1).times(2));
+        assert_eq!(t.remaining(id), 2);
+        let answers: Vec<bool> = read_all_answers(&t, 4).await;
+        assert_eq!(answers, [true, false, false, true]);
+        assert_eq!(t.remaining(id), 0);
+        assert_eq!(t.calls(Operation::ReadAll), 4);
+        // Other operations are not selected.
+        assert!(
+            t.read_row(&new_entry(Timestamp::now()).address)
+                .await
+                .is_ok()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_lost_race_writes_nothing_and_a_lost_answer_applies() {
+        let t = table();
+        t.initialize(true).await.unwrap();
+        let e = new_entry(Timestamp::now());
+        let lost = t.inject(Injection::not_applied(
+            Calls::conditional_writes().about(e.address),
+        ));
+        assert!(!insert(&t, &e).await.unwrap());
+        assert!(t.inner().read_all().await.unwrap().rows.is_empty());
+        t.clear(lost);
+        t.inject(Injection::answer_lost(Operation::InsertRow));
+        assert!(matches!(
+            insert(&t, &e).await,
+            Err(MembershipError::OutcomeUnknown { .. })
+        ));
+        assert_eq!(t.inner().read_all().await.unwrap().rows.len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_call_waits_for_its_gate() {
+        let t = table();
+        t.initialize(true).await.unwrap();
+        let gate = Gate::new();
+        t.inject(Injection::hold(Operation::ReadAll, &gate));
+        let read = tokio::spawn({
+            let t = Arc::clone(&t);
+            async move { t.read_all().await }
+        });
+        gate.reached().await;
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert!(!read.is_finished(), "answered before the gate opened");
+        gate.release();
+        assert!(read.await.unwrap().is_ok());
+        assert_eq!(gate.arrived(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_damaged_row_is_skipped_by_read_all_and_corrupt_for_read_row() {
+        let t = table();
+        t.initialize(true).await.unwrap();
+        let e = new_entry(Timestamp::now());
+        assert!(insert(&t, &e).await.unwrap());
+        t.damage_row(e.address);
+        assert!(t.read_all().await.unwrap().rows.is_empty());
+        assert!(matches!(
+            t.read_row(&e.address).await,
+            Err(MembershipError::CorruptData { .. })
+        ));
+        t.repair_row(&e.address);
+        assert_eq!(t.read_all().await.unwrap().rows.len(), 1);
+    }
+}
