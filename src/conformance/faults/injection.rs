@@ -14,21 +14,21 @@ use crate::model::SiloAddress;
 /// A method of the contract, as injections select calls and counters count them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Operation {
-    /// [`MembershipTable::initialize`].
+    /// [`MembershipTable::initialize`](crate::MembershipTable::initialize).
     Initialize,
-    /// [`MembershipTable::read_all`].
+    /// [`MembershipTable::read_all`](crate::MembershipTable::read_all).
     ReadAll,
-    /// [`MembershipTable::read_row`].
+    /// [`MembershipTable::read_row`](crate::MembershipTable::read_row).
     ReadRow,
-    /// [`MembershipTable::insert_row`].
+    /// [`MembershipTable::insert_row`](crate::MembershipTable::insert_row).
     InsertRow,
-    /// [`MembershipTable::update_row`].
+    /// [`MembershipTable::update_row`](crate::MembershipTable::update_row).
     UpdateRow,
-    /// [`MembershipTable::update_i_am_alive`] (the heartbeat).
+    /// [`MembershipTable::update_i_am_alive`](crate::MembershipTable::update_i_am_alive) (the heartbeat).
     UpdateIAmAlive,
-    /// [`MembershipTable::cleanup_defunct`].
+    /// [`MembershipTable::cleanup_defunct`](crate::MembershipTable::cleanup_defunct).
     CleanupDefunct,
-    /// [`MembershipTable::delete_cluster`].
+    /// [`MembershipTable::delete_cluster`](crate::MembershipTable::delete_cluster).
     DeleteCluster,
 }
 
@@ -141,7 +141,7 @@ impl fmt::Debug for Action {
     }
 }
 
-/// One per-call fault for [`FaultyTable::inject`]: the calls it selects, what happens to them,
+/// One per-call fault for [`FaultyTable::inject`](super::FaultyTable::inject): the calls it selects, what happens to them,
 /// and when. Without [`times`](Injection::times) it lasts until cleared.
 #[derive(Clone, Debug)]
 pub struct Injection {
