@@ -5,73 +5,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
+use cassandra_membership::conformance::faults::FaultyTable;
 use cassandra_membership::conformance::history::History;
 use cassandra_membership::conformance::workload::{self, WorkloadOptions};
-use cassandra_membership::{
-    ETag, HeartbeatOutcome, InMemoryMembershipTable, MembershipEntry, MembershipSnapshot,
-    MembershipTable, Result, SiloAddress, TableVersion, Timestamp,
-};
-
-/// Presents the *current* version tag instead of the caller's: a lost-update bug.
-#[derive(Debug)]
-struct DropsTheVersionCondition(InMemoryMembershipTable);
-
-#[async_trait]
-impl MembershipTable for DropsTheVersionCondition {
-    fn cluster_id(&self) -> &str {
-        self.0.cluster_id()
-    }
-    async fn initialize(&self, try_init_version: bool) -> Result<()> {
-        self.0.initialize(try_init_version).await
-    }
-    async fn read_all(&self) -> Result<MembershipSnapshot> {
-        self.0.read_all().await
-    }
-    async fn read_row(&self, address: &SiloAddress) -> Result<MembershipSnapshot> {
-        self.0.read_row(address).await
-    }
-    async fn insert_row(
-        &self,
-        entry: &MembershipEntry,
-        new_version: &TableVersion,
-    ) -> Result<bool> {
-        let current = self.0.read_all().await?.version;
-        tokio::task::yield_now().await;
-        let forged = TableVersion {
-            etag: current.etag,
-            ..new_version.clone()
-        };
-        self.0.insert_row(entry, &forged).await
-    }
-    async fn update_row(
-        &self,
-        entry: &MembershipEntry,
-        row_etag: &ETag,
-        new_version: &TableVersion,
-    ) -> Result<bool> {
-        let current = self.0.read_all().await?.version;
-        tokio::task::yield_now().await;
-        let forged = TableVersion {
-            etag: current.etag,
-            ..new_version.clone()
-        };
-        self.0.update_row(entry, row_etag, &forged).await
-    }
-    async fn update_i_am_alive(
-        &self,
-        address: &SiloAddress,
-        time: Timestamp,
-    ) -> Result<HeartbeatOutcome> {
-        self.0.update_i_am_alive(address, time).await
-    }
-    async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize> {
-        self.0.cleanup_defunct(before).await
-    }
-    async fn delete_cluster(&self, cluster_id: &str) -> Result<()> {
-        self.0.delete_cluster(cluster_id).await
-    }
-}
+use cassandra_membership::{InMemoryMembershipTable, MembershipTable};
 
 fn options() -> WorkloadOptions {
     WorkloadOptions {
@@ -119,8 +56,10 @@ async fn a_backend_that_drops_the_version_condition_is_caught() {
         inner.initialize(true).await.unwrap();
         let clients: Vec<Arc<dyn MembershipTable>> = (0..3)
             .map(|_| {
-                Arc::new(DropsTheVersionCondition(inner.for_cluster("broken")))
-                    as Arc<dyn MembershipTable>
+                // Presents the *current* version tag instead of the caller's: a lost-update bug.
+                let broken = FaultyTable::new(Arc::new(inner.for_cluster("broken")));
+                broken.set_drops_the_version_condition(true);
+                Arc::new(broken) as Arc<dyn MembershipTable>
             })
             .collect();
         let history = Arc::new(History::new());

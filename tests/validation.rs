@@ -1,5 +1,5 @@
-//! Options and silo addresses a host gets wrong are refused with an error naming what is wrong
-//! (issue 12, defects 8 and 9), through the public API only.
+//! Options and silo addresses a host gets wrong are refused with an error naming what is wrong,
+//! through the public API only.
 
 use std::time::Duration;
 

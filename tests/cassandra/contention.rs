@@ -1,4 +1,4 @@
-//! Issue 15 on the real node: a join reads only its own row (with the version), so its cost does
+//! Joins on the real node: a join reads only its own row (with the version), so its cost does
 //! not grow with the cluster, it still recognises its own earlier insert, and a damaged row at
 //! its address fails it at once instead of conflicting until the deadline.
 

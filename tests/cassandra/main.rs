@@ -9,9 +9,6 @@ mod cassandra_only;
 mod conformance;
 mod contention;
 mod expiry;
-mod expiry_faults;
-mod expiry_mixed;
-mod expiry_policy;
 mod faults;
 mod outcomes;
 mod provider;
@@ -20,6 +17,5 @@ mod runtime_fencing;
 #[cfg(feature = "rustls")]
 mod secure;
 mod smoke;
-mod ttl_mismatch;
 mod under_load;
 mod version_lost;

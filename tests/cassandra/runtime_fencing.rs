@@ -1,17 +1,17 @@
-//! Issue 12 on the real node: a silo learns at once that it was declared dead, is told to fence
+//! The runtime on the real node: a silo learns at once that it was declared dead, is told to fence
 //! before the others can declare it dead, keeps publishing when a renewal fails, and 100 silos
 //! joining at once all join.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
+use cassandra_membership::conformance::faults::{
+    Calls, FaultId, FaultyTable, Gate, Injection, Operation,
+};
 use cassandra_membership::runtime::protocol;
 use cassandra_membership::{
-    ETag, HeartbeatOutcome, MembershipEntry, MembershipError, MembershipOptions,
-    MembershipSnapshot, MembershipTable, Result, Silo, SiloAddress, SiloHealth, SiloStatus,
-    TableVersion, Timestamp,
+    HeartbeatOutcome, MembershipEntry, MembershipError, MembershipOptions, MembershipTable, Silo,
+    SiloAddress, SiloHealth, SiloStatus, Timestamp,
 };
 
 use crate::utils::{KEYSPACE, options, session_with_keyspace, table_on, unique};
@@ -32,67 +32,19 @@ fn fast() -> MembershipOptions {
     m
 }
 
-/// A table whose heartbeats fail on demand (the network to the node is cut for this silo), and
-/// with `cut_reads` its reads too.
-#[derive(Debug)]
-struct CutOff {
-    inner: Arc<dyn MembershipTable>,
-    cut: AtomicBool,
-    cut_reads: AtomicBool,
-}
-
-impl CutOff {
-    fn check(&self, operation: &'static str) -> Result<()> {
-        if self.cut.load(Ordering::SeqCst) && self.cut_reads.load(Ordering::SeqCst) {
-            return Err(MembershipError::Timeout {
-                operation,
-                source: "cut off".into(),
-            });
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl MembershipTable for CutOff {
-    fn cluster_id(&self) -> &str {
-        self.inner.cluster_id()
-    }
-    fn identity(&self) -> String {
-        self.inner.identity()
-    }
-    async fn initialize(&self, v: bool) -> Result<()> {
-        self.inner.initialize(v).await
-    }
-    async fn read_all(&self) -> Result<MembershipSnapshot> {
-        self.check("read_all")?;
-        self.inner.read_all().await
-    }
-    async fn read_row(&self, a: &SiloAddress) -> Result<MembershipSnapshot> {
-        self.check("read_row")?;
-        self.inner.read_row(a).await
-    }
-    async fn insert_row(&self, e: &MembershipEntry, v: &TableVersion) -> Result<bool> {
-        self.inner.insert_row(e, v).await
-    }
-    async fn update_row(&self, e: &MembershipEntry, t: &ETag, v: &TableVersion) -> Result<bool> {
-        self.inner.update_row(e, t, v).await
-    }
-    async fn update_i_am_alive(&self, a: &SiloAddress, t: Timestamp) -> Result<HeartbeatOutcome> {
-        if self.cut.load(Ordering::SeqCst) {
-            return Err(MembershipError::Timeout {
-                operation: "update_i_am_alive",
-                source: "cut off".into(),
-            });
-        }
-        self.inner.update_i_am_alive(a, t).await
-    }
-    async fn cleanup_defunct(&self, b: Timestamp) -> Result<usize> {
-        self.inner.cleanup_defunct(b).await
-    }
-    async fn delete_cluster(&self, c: &str) -> Result<()> {
-        self.inner.delete_cluster(c).await
-    }
+/// Cuts the network to the node for `table`'s silo: its heartbeats time out, with `reads` its
+/// reads too, until the returned fault is cleared.
+fn cut_off(table: &FaultyTable, reads: bool) -> FaultId {
+    let calls = if reads {
+        Calls::any_of([
+            Operation::UpdateIAmAlive,
+            Operation::ReadAll,
+            Operation::ReadRow,
+        ])
+    } else {
+        Operation::UpdateIAmAlive.into()
+    };
+    table.inject(Injection::timeout(calls, "cut off"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -137,11 +89,7 @@ async fn a_silo_that_cannot_publish_is_told_to_fence_before_the_others_declare_i
     let s = session_with_keyspace().await;
     let o = options(&unique("fencing")).membership(fast());
     let shared: Arc<dyn MembershipTable> = Arc::new(table_on(&s, o.clone()));
-    let cut = Arc::new(CutOff {
-        inner: Arc::new(table_on(&s, o)),
-        cut: AtomicBool::new(false),
-        cut_reads: AtomicBool::new(false),
-    });
+    let cut = Arc::new(FaultyTable::new(Arc::new(table_on(&s, o))));
     let a = Silo::join(
         cut.clone(),
         MembershipEntry::new(address(11), SiloStatus::Joining, Timestamp::now()),
@@ -159,7 +107,7 @@ async fn a_silo_that_cannot_publish_is_told_to_fence_before_the_others_declare_i
         );
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    cut.cut.store(true, Ordering::SeqCst);
+    cut_off(&cut, false);
     let start = Instant::now();
     let (mut fenced, mut dead) = (None, None);
     let health = a.health();
@@ -329,9 +277,9 @@ async fn a_hundred_silos_joining_at_once_all_join() {
     table.delete_cluster(table.cluster_id()).await.unwrap();
 }
 
-// Review 1: TTL off, defaults otherwise (between renewals the Cassandra heartbeat does not look at
-// the row). The silo loses the node, fences, is declared Dead meanwhile; when the node comes back
-// its heartbeat write succeeds — it must end DeclaredDead without ever being told Healthy.
+/// TTL off, defaults otherwise (between renewals the Cassandra heartbeat does not look at the
+/// row). The silo loses the node, fences, is declared Dead meanwhile; when the node comes back its
+/// heartbeat write succeeds — it must end DeclaredDead without ever being told Healthy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_silo_declared_dead_meanwhile_never_turns_healthy_when_the_node_returns() {
     let s = session_with_keyspace().await;
@@ -340,11 +288,7 @@ async fn a_fenced_silo_declared_dead_meanwhile_never_turns_healthy_when_the_node
     let mut m = fast();
     m.heartbeat_retry_backoff = Duration::from_millis(50);
     let o = options(&unique("zombie_return")).membership(m.clone());
-    let cut = Arc::new(CutOff {
-        inner: Arc::new(table_on(&s, o.clone())),
-        cut: AtomicBool::new(false),
-        cut_reads: AtomicBool::new(true),
-    });
+    let cut = Arc::new(FaultyTable::new(Arc::new(table_on(&s, o.clone()))));
     let silo = Silo::join(
         cut.clone(),
         MembershipEntry::new(address(31), SiloStatus::Joining, Timestamp::now()),
@@ -353,7 +297,7 @@ async fn a_fenced_silo_declared_dead_meanwhile_never_turns_healthy_when_the_node
     .await
     .unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    cut.cut.store(true, Ordering::SeqCst);
+    let link = cut_off(&cut, true);
     let mut health = silo.health();
     tokio::time::timeout(
         Duration::from_secs(10),
@@ -383,7 +327,7 @@ async fn a_fenced_silo_declared_dead_meanwhile_never_turns_healthy_when_the_node
         .await
         .unwrap()
     );
-    cut.cut.store(false, Ordering::SeqCst);
+    cut.clear(link);
     let last = silo.wait_final(Duration::from_secs(10)).await;
     recorder.abort();
     let seen = seen.lock().unwrap().clone();
@@ -393,52 +337,6 @@ async fn a_fenced_silo_declared_dead_meanwhile_never_turns_healthy_when_the_node
     );
     assert_eq!(last, SiloHealth::DeclaredDead, "{seen:?}");
     silo.crash();
-}
-
-/// A table whose `update_row` of `suspect` waits for `release` before it is sent: a vote decided
-/// by a detector that is then delayed (a slow coordinator, a GC pause) before its write lands.
-#[derive(Debug)]
-struct HeldVotes {
-    inner: Arc<dyn MembershipTable>,
-    suspect: SiloAddress,
-    reached: tokio::sync::watch::Sender<bool>,
-    release: tokio::sync::watch::Receiver<bool>,
-}
-
-#[async_trait]
-impl MembershipTable for HeldVotes {
-    fn cluster_id(&self) -> &str {
-        self.inner.cluster_id()
-    }
-    async fn initialize(&self, v: bool) -> Result<()> {
-        self.inner.initialize(v).await
-    }
-    async fn read_all(&self) -> Result<MembershipSnapshot> {
-        self.inner.read_all().await
-    }
-    async fn read_row(&self, a: &SiloAddress) -> Result<MembershipSnapshot> {
-        self.inner.read_row(a).await
-    }
-    async fn insert_row(&self, e: &MembershipEntry, v: &TableVersion) -> Result<bool> {
-        self.inner.insert_row(e, v).await
-    }
-    async fn update_row(&self, e: &MembershipEntry, t: &ETag, v: &TableVersion) -> Result<bool> {
-        if e.address == self.suspect {
-            self.reached.send_replace(true);
-            let mut release = self.release.clone();
-            let _ = release.wait_for(|r| *r).await;
-        }
-        self.inner.update_row(e, t, v).await
-    }
-    async fn update_i_am_alive(&self, a: &SiloAddress, t: Timestamp) -> Result<HeartbeatOutcome> {
-        self.inner.update_i_am_alive(a, t).await
-    }
-    async fn cleanup_defunct(&self, b: Timestamp) -> Result<usize> {
-        self.inner.cleanup_defunct(b).await
-    }
-    async fn delete_cluster(&self, c: &str) -> Result<()> {
-        self.inner.delete_cluster(c).await
-    }
 }
 
 // A silo X loses the node and fences; a detector D decides, on a read showing X silent past the
@@ -451,11 +349,7 @@ async fn a_vote_decided_while_a_silo_was_silent_cannot_land_after_it_was_told_he
     let mut m = fast();
     m.heartbeat_retry_backoff = Duration::from_millis(50);
     let o = options(&unique("late_vote")).membership(m.clone());
-    let cut = Arc::new(CutOff {
-        inner: Arc::new(table_on(&s, o.clone())),
-        cut: AtomicBool::new(false),
-        cut_reads: AtomicBool::new(true),
-    });
+    let cut = Arc::new(FaultyTable::new(Arc::new(table_on(&s, o.clone()))));
     let x = Silo::join(
         cut.clone(),
         MembershipEntry::new(address(41), SiloStatus::Joining, Timestamp::now()),
@@ -489,7 +383,7 @@ async fn a_vote_decided_while_a_silo_was_silent_cannot_land_after_it_was_told_he
     .await
     .expect("healthy within 10 s")
     .unwrap();
-    cut.cut.store(true, Ordering::SeqCst);
+    let link = cut_off(&cut, true);
     tokio::time::timeout(
         Duration::from_secs(10),
         health.wait_for(|h| matches!(h, SiloHealth::LeaseAtRisk { .. })),
@@ -514,27 +408,24 @@ async fn a_vote_decided_while_a_silo_was_silent_cannot_land_after_it_was_told_he
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // D votes alone, and its write is held once decided.
-    let (reached_tx, mut reached) = tokio::sync::watch::channel(false);
-    let (release, release_rx) = tokio::sync::watch::channel(false);
-    let held = Arc::new(HeldVotes {
-        inner: Arc::clone(&d_table),
-        suspect: x.address(),
-        reached: reached_tx,
-        release: release_rx,
-    });
+    // D votes alone, and its write is held once decided (a slow coordinator, a GC pause).
+    let gate = Gate::new();
+    let held = Arc::new(FaultyTable::new(Arc::clone(&d_table)));
+    held.inject(Injection::hold(
+        Calls::from(Operation::UpdateRow).about(x.address()),
+        &gate,
+    ));
     let mut dm = m.clone();
     dm.num_votes_for_death_declaration = 1;
     dm.table_operation_timeout = Some(Duration::from_secs(30));
     let round = tokio::spawn(async move {
         protocol::detection_round(held.as_ref(), &d, &dm, Timestamp::now()).await
     });
-    tokio::time::timeout(Duration::from_secs(10), reached.wait_for(|r| *r))
+    tokio::time::timeout(Duration::from_secs(10), gate.reached())
         .await
-        .expect("D decides to vote X dead within 10 s")
-        .unwrap();
+        .expect("D decides to vote X dead within 10 s");
     // X comes back and is told Healthy.
-    cut.cut.store(false, Ordering::SeqCst);
+    cut.clear(link);
     tokio::time::timeout(
         Duration::from_secs(10),
         health.wait_for(|h| matches!(h, SiloHealth::Healthy { .. })),
@@ -543,7 +434,7 @@ async fn a_vote_decided_while_a_silo_was_silent_cannot_land_after_it_was_told_he
     .expect("X recovers within 10 s")
     .unwrap();
     let healthy_at = Instant::now();
-    release.send_replace(true);
+    gate.release();
     let round = round.await.unwrap().unwrap();
     let stored = d_table.read_row(&x.address()).await.unwrap().rows[0]
         .entry

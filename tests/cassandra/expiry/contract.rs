@@ -1,4 +1,6 @@
-//! Storage-side expiry on the real node, with a short TTL: the expiry contract point by point.
+//! The expiry contract point by point, with a short TTL: never early, a stopped silo and a
+//! stopped cluster expire within the slack and never partially, a heartbeat never reverts a
+//! concurrent change, expiry keeps the version, a heartbeat stays cheap.
 //!
 //! TTL 4 s (DefunctSiloExpiration), renewal interval 1 s, so every write carries TTL 6 s
 //! (TTL + renewal + 1 s for Cassandra's whole-second clock).

@@ -1,9 +1,10 @@
 //! Storage-side expiry under transient faults, on the real node: a fenced write, a renewal whose
-//! TTL read fails, a version lost while rows stay, a damaged version at start. None of them may
-//! leave the version without TTL, move it backwards, or turn into an operator's error for a silo
-//! of the same configuration.
+//! TTL read fails, a version lost while rows stay, a damaged version at start, a partition too
+//! full of tombstones to scan. None of them may leave the version without TTL, move it
+//! backwards, stop a renewal, or turn into an operator's error for a silo of the same
+//! configuration.
 //!
-//! TTL 4 s, renewal interval 1 s: every write carries TTL 6 s (as in `expiry.rs`).
+//! TTL 4 s, renewal interval 1 s: every write carries TTL 6 s (as in `contract.rs`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use scylla::errors::DbError;
 use scylla::statement::Consistency;
 use scylla_proxy::{Condition, RequestOpcode, RequestReaction, RequestRule, RunningProxy};
 
+use super::{opts, table_name, ttl_on};
 use crate::outcomes::{cas_write_timeout, start_proxy};
 use crate::utils::{KEYSPACE, count_rows, options, session_with_keyspace, table_on, unique};
 
@@ -382,4 +384,82 @@ async fn a_version_that_expires_before_a_longer_lived_row_comes_back_above_its_o
             .await
             .unwrap()
     );
+}
+
+/// Fills a partition with more cell tombstones than Cassandra's `tombstone_failure_threshold`
+/// (100,000 by default), in rows sorting after every silo address: a scan of the partition
+/// fails, a read of one row does not.
+async fn overwhelm_with_tombstones(s: &Session, table: &str, cluster: &str) {
+    use scylla::statement::batch::{Batch, BatchType};
+    let update = s
+        .prepare(format!(
+            "UPDATE {KEYSPACE}.{table} SET etag = null, status = null, suspect_times = null, proxy_port = null, \
+             host_name = null, silo_name = null, role_name = null, update_zone = null, fault_zone = null, \
+             start_time = null, i_am_alive = null WHERE service_id = 'svc' AND cluster_id = ? AND silo = ?"
+        ))
+        .await
+        .unwrap();
+    // 10,000 rows × 11 cells.
+    for b in 0..100 {
+        let mut batch = Batch::new(BatchType::Unlogged);
+        let mut values = Vec::new();
+        for i in 0..100 {
+            batch.append_statement(update.clone());
+            values.push((cluster, format!("zz-tombstone-{b:03}-{i:03}")));
+        }
+        s.batch(&batch, values).await.unwrap();
+    }
+}
+
+/// A renewal does not depend on a scan of the partition: when a scan fails, a live entry still
+/// renews and never expires while its silo heartbeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_partition_scan_never_stops_a_renewal() {
+    let s = session_with_keyspace().await;
+    let table = table_name();
+    let cluster = unique("scan-fails");
+    let t = table_on(&s, ttl_on(opts(&table, "svc", &cluster)));
+    t.initialize(true).await.unwrap();
+    let e = new_entry(Timestamp::now());
+    super::insert(&t, &e).await;
+    // The silo keeps heartbeating while the tombstones are written (that takes longer than the
+    // TTL on a slow node).
+    let t = Arc::new(t);
+    let beating = {
+        let (t, address) = (Arc::clone(&t), e.address);
+        tokio::spawn(async move {
+            loop {
+                let _ = t.update_i_am_alive(&address, Timestamp::now()).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    overwhelm_with_tombstones(&s, &table, &cluster).await;
+    beating.abort();
+    let scan = s
+        .query_unpaged(
+            format!("SELECT silo, TTL(etag) FROM {KEYSPACE}.{table} WHERE service_id = 'svc' AND cluster_id = ?"),
+            (&cluster,),
+        )
+        .await;
+    assert!(scan.is_err(), "the premise: a scan of the partition fails");
+    let started = Instant::now();
+    let mut samples = 0;
+    while started.elapsed() < Duration::from_secs(3 * super::TTL + 1) {
+        match t.update_i_am_alive(&e.address, Timestamp::now()).await {
+            Ok(HeartbeatOutcome::Refreshed { .. }) => {}
+            other => panic!(
+                "a live silo's heartbeat after {:?}: {other:?}",
+                started.elapsed()
+            ),
+        }
+        assert!(
+            !t.read_row(&e.address).await.unwrap().rows.is_empty(),
+            "the entry expired after {:?}",
+            started.elapsed()
+        );
+        samples += 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(samples > 10);
 }

@@ -1,0 +1,225 @@
+//! Failure detection and a silo's own status: the others declare a crashed silo dead, and a silo
+//! learns within a period that its entry is Dead, gone or another incarnation's, even when its
+//! heartbeats do not check; a damaged row is unknown, not missing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cassandra_membership::conformance::faults::{Injection, Operation};
+use cassandra_membership::runtime::protocol;
+use cassandra_membership::{
+    Clock, InMemoryMembershipTable, MembershipTable, SiloHealth, SiloStatus, TokioClock,
+};
+
+use crate::utils::{entry, entry_at, faulty, join, options};
+
+#[tokio::test(start_paused = true)]
+async fn a_crashed_silo_is_declared_dead_by_the_others_through_the_protocol() {
+    let clock = Arc::new(TokioClock::new());
+    let table = InMemoryMembershipTable::new("c").with_clock(clock.clone());
+    let mut silos = Vec::new();
+    for n in 1..=3 {
+        let t: Arc<dyn MembershipTable> = Arc::new(table.clone());
+        silos.push(
+            cassandra_membership::Silo::join_with_clock(t, entry(n), options(), clock.clone())
+                .await
+                .unwrap(),
+        );
+    }
+    let crashed = silos.pop().unwrap();
+    let address = crashed.address();
+    crashed.crash();
+    // Silent for 3 periods (30 s), then two votes are needed: dead within about 50 s.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let row = table.read_row(&address).await.unwrap().rows[0].clone();
+    assert_eq!(row.entry.status, SiloStatus::Dead);
+    let voters: std::collections::BTreeSet<_> = row
+        .entry
+        .suspect_times
+        .iter()
+        .map(|s| s.suspecting_silo)
+        .collect();
+    assert_eq!(voters, silos.iter().map(|s| s.address()).collect());
+    for s in silos {
+        assert_eq!(
+            s.entry_status().await.unwrap(),
+            Some(SiloStatus::Active),
+            "the living stay Active"
+        );
+        s.leave().await.unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_silo_declared_dead_is_told_and_stops_heartbeating() {
+    let clock = Arc::new(TokioClock::new());
+    let table = Arc::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let silo = join(table.clone(), 1, &clock).await;
+    assert!(
+        protocol::set_status(
+            table.as_ref(),
+            &silo.address(),
+            SiloStatus::Dead,
+            clock.now()
+        )
+        .await
+        .unwrap()
+    );
+    assert_eq!(
+        silo.wait_final(Duration::from_secs(30)).await,
+        SiloHealth::DeclaredDead
+    );
+    // Dead never revives: asking for Active again changes nothing.
+    assert!(
+        !protocol::set_status(
+            table.as_ref(),
+            &silo.address(),
+            SiloStatus::Active,
+            clock.now()
+        )
+        .await
+        .unwrap()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_missing_entry_stops_the_heartbeat_without_recreating_it() {
+    let clock = Arc::new(TokioClock::new());
+    let table = Arc::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let silo = join(table.clone(), 1, &clock).await;
+    table.delete_cluster("c").await.unwrap();
+    assert_eq!(
+        silo.wait_final(Duration::from_secs(30)).await,
+        SiloHealth::EntryMissing
+    );
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(
+        table.read_all().await.unwrap().rows.is_empty(),
+        "never re-created"
+    );
+}
+
+/// A backend whose heartbeat does not look at the entry (the Cassandra table between
+/// renewals) must not hide a Dead or missing entry: the failure detector's read shows it.
+#[tokio::test(start_paused = true)]
+async fn a_silo_declared_dead_learns_it_within_one_period_even_when_heartbeats_do_not_check() {
+    let clock = Arc::new(TokioClock::new());
+    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    table.set_blind_heartbeats(true);
+    let silo = join(table.clone(), 1, &clock).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        protocol::set_status(
+            table.inner().as_ref(),
+            &silo.address(),
+            SiloStatus::Dead,
+            clock.now()
+        )
+        .await
+        .unwrap()
+    );
+    // One publish period (10 s) plus a second of margin.
+    assert_eq!(
+        silo.wait_final(Duration::from_secs(11)).await,
+        SiloHealth::DeclaredDead
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_silo_whose_entry_vanished_learns_it_within_one_period_even_when_heartbeats_do_not_check()
+{
+    let clock = Arc::new(TokioClock::new());
+    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    table.set_blind_heartbeats(true);
+    let silo = join(table.clone(), 1, &clock).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    table.inner().delete_cluster("c").await.unwrap();
+    assert_eq!(
+        silo.wait_final(Duration::from_secs(11)).await,
+        SiloHealth::EntryMissing
+    );
+}
+
+/// Own status comes from the round's first read even when a suspect's re-read fails,
+/// and a silo whose own row is Dead votes no one dead.
+#[tokio::test(start_paused = true)]
+async fn a_detection_round_reports_its_own_row_even_when_a_suspect_re_read_fails() {
+    let clock = Arc::new(TokioClock::new());
+    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    table.initialize(true).await.unwrap();
+    let mut me = entry_at(1, clock.as_ref());
+    me.status = SiloStatus::Active;
+    let mut silent = entry_at(2, clock.as_ref());
+    silent.status = SiloStatus::Active;
+    protocol::join(table.as_ref(), &me).await.unwrap();
+    protocol::join(table.as_ref(), &silent).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    // The round's second read (the suspect's re-read) fails.
+    table.inject(
+        Injection::timeout(Operation::ReadAll, "injected")
+            .after(1)
+            .times(1),
+    );
+    let round = protocol::detection_round(table.as_ref(), &me.address, &options(), clock.now())
+        .await
+        .expect("a suspect's failure does not discard the round");
+    assert_eq!(round.own_status, Some(SiloStatus::Active));
+    assert!(round.declared.is_empty());
+    // Declared dead itself: it votes no one.
+    assert!(
+        protocol::set_status(table.as_ref(), &me.address, SiloStatus::Dead, clock.now())
+            .await
+            .unwrap()
+    );
+    let before = table.read_row(&silent.address).await.unwrap().rows[0].clone();
+    let round = protocol::detection_round(table.as_ref(), &me.address, &options(), clock.now())
+        .await
+        .unwrap();
+    assert_eq!(round.own_status, Some(SiloStatus::Dead));
+    let after = table.read_row(&silent.address).await.unwrap().rows[0].clone();
+    assert_eq!(
+        after.entry.suspect_times, before.entry.suspect_times,
+        "a Dead silo voted"
+    );
+}
+
+/// Another incarnation's row at the same address is not this silo's row.
+#[tokio::test(start_paused = true)]
+async fn a_silo_whose_row_was_replaced_by_another_incarnation_learns_its_entry_is_gone() {
+    let clock = Arc::new(TokioClock::new());
+    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let silo = cassandra_membership::Silo::join_with_clock(
+        table.clone(),
+        entry_at(1, clock.as_ref()),
+        options(),
+        clock.clone(),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    table.inner().delete_cluster("c").await.unwrap();
+    table.inner().initialize(true).await.unwrap();
+    let mut other = entry_at(1, clock.as_ref());
+    other.status = SiloStatus::Active;
+    protocol::join(table.inner().as_ref(), &other)
+        .await
+        .unwrap();
+    assert_eq!(
+        silo.wait_final(Duration::from_secs(15)).await,
+        SiloHealth::EntryMissing
+    );
+}
+
+/// A damaged own row (skipped by read_all) is unknown, not missing.
+#[tokio::test(start_paused = true)]
+async fn a_damaged_own_row_is_not_taken_for_a_missing_one() {
+    let clock = Arc::new(TokioClock::new());
+    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let silo = join(table.clone(), 1, &clock).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    table.damage_row(entry(1).address);
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let health = silo.health().borrow().clone();
+    assert!(!health.is_final(), "{health:?} for a damaged row");
+    silo.crash();
+}

@@ -1,0 +1,317 @@
+//! Fencing: a silo that cannot publish (failing, hung or unread) is told to fence before the
+//! others can declare it dead, never turns Healthy while stored Dead, and a healthy one is never
+//! told to fence; settings that leave no margin are refused.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cassandra_membership::conformance::faults::{Injection, Operation};
+use cassandra_membership::runtime::protocol;
+use cassandra_membership::{
+    Clock, InMemoryMembershipTable, MembershipError, MembershipOptions, MembershipTable,
+    SiloHealth, SiloStatus, TokioClock,
+};
+
+use crate::utils::{entry, faulty, join, options, poll_until, record};
+
+#[tokio::test(start_paused = true)]
+async fn failing_heartbeats_retry_with_backoff_and_warn_before_the_lease_lapses() {
+    let clock = Arc::new(TokioClock::new());
+    let inner = InMemoryMembershipTable::new("c")
+        .with_clock(clock.clone())
+        .with_expiry(Duration::from_secs(100));
+    let table = faulty(inner);
+    // Failure detection far away (100 missed periods): the lease is the first horizon here.
+    let mut o = options();
+    o.num_missed_table_i_am_alive_limit = 100;
+    let silo =
+        cassandra_membership::Silo::join_with_clock(table.clone(), entry(1), o, clock.clone())
+            .await
+            .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let lease = match silo.health().borrow().clone() {
+        SiloHealth::Healthy { lease } => lease,
+        other => panic!("{other:?}"),
+    };
+    let (refresh_by, expires_at) = (lease.refresh_by.unwrap(), lease.expires_at.unwrap());
+    let failing = table.inject(Injection::timeout(Operation::UpdateIAmAlive, "injected"));
+    let before = table.calls(Operation::UpdateIAmAlive);
+    let mut health = silo.health();
+    health
+        .wait_for(|h| matches!(h, SiloHealth::Failing { .. }))
+        .await
+        .unwrap();
+    health
+        .wait_for(|h| matches!(h, SiloHealth::LeaseAtRisk { .. }))
+        .await
+        .unwrap();
+    let at_risk = clock.now();
+    assert!(
+        at_risk >= refresh_by && at_risk < expires_at,
+        "warned in time: {at_risk} vs {refresh_by}..{expires_at}"
+    );
+    // Backoff: 1, 2, 4, 8, then every period (10 s); not a storm.
+    let tries = table.calls(Operation::UpdateIAmAlive) - before;
+    assert!(
+        (8..=14).contains(&tries),
+        "{tries} retries in {:?}",
+        at_risk.duration_since(lease.granted_at)
+    );
+    table.clear(failing);
+    health
+        .wait_for(|h| matches!(h, SiloHealth::Healthy { .. }))
+        .await
+        .unwrap();
+    silo.leave().await.unwrap();
+}
+
+/// Three silos; A's heartbeats fail. Returns (A told to fence, A declared dead), as offsets from
+/// the moment A's heartbeats started failing.
+async fn fence_and_death(ttl: Option<Duration>) -> (Option<Duration>, Option<Duration>) {
+    let clock = Arc::new(TokioClock::new());
+    let mut inner = InMemoryMembershipTable::new("c").with_clock(clock.clone());
+    if let Some(ttl) = ttl {
+        inner = inner.with_expiry(ttl);
+    }
+    let a_table = faulty(inner.clone());
+    let a = join(a_table.clone(), 1, &clock).await;
+    let b = join(Arc::new(inner.clone()), 2, &clock).await;
+    let c = join(Arc::new(inner.clone()), 3, &clock).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    a_table.inject(Injection::timeout(Operation::UpdateIAmAlive, "injected"));
+    let start = tokio::time::Instant::now();
+    let (mut fenced, mut dead) = (None, None);
+    let health = a.health();
+    let address = a.address();
+    while start.elapsed() < Duration::from_secs(600) && dead.is_none() {
+        if fenced.is_none() && matches!(*health.borrow(), SiloHealth::LeaseAtRisk { .. }) {
+            fenced = Some(start.elapsed());
+        }
+        if inner.read_row(&address).await.unwrap().rows[0].entry.status == SiloStatus::Dead {
+            dead = Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    a.crash();
+    b.leave().await.unwrap();
+    c.leave().await.unwrap();
+    (fenced, dead)
+}
+
+/// The host is told to fence before the others can declare it dead, TTL on or off.
+#[tokio::test(start_paused = true)]
+async fn a_silo_that_cannot_publish_is_told_to_fence_before_the_others_declare_it_dead_ttl_off() {
+    let (fenced, dead) = fence_and_death(None).await;
+    let dead = dead.expect("the others declare it dead");
+    let fenced = fenced.unwrap_or_else(|| panic!("never told to fence; declared dead at {dead:?}"));
+    assert!(
+        fenced + Duration::from_secs(5) <= dead,
+        "fenced at {fenced:?}, declared dead at {dead:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_silo_that_cannot_publish_is_told_to_fence_before_the_others_declare_it_dead_ttl_on() {
+    let (fenced, dead) = fence_and_death(Some(Duration::from_secs(3600))).await;
+    let dead = dead.expect("the others declare it dead");
+    let fenced = fenced.unwrap_or_else(|| panic!("never told to fence; declared dead at {dead:?}"));
+    assert!(
+        fenced + Duration::from_secs(5) <= dead,
+        "fenced at {fenced:?}, declared dead at {dead:?}"
+    );
+}
+
+/// A hung heartbeat is a failed heartbeat, and the fence signal comes on time.
+#[tokio::test(start_paused = true)]
+async fn a_hung_heartbeat_counts_as_failed_and_the_host_is_told_to_fence_on_time() {
+    let clock = Arc::new(TokioClock::new());
+    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let silo = join(table.clone(), 1, &clock).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    table.inject(Injection::hang(Operation::UpdateIAmAlive));
+    let health = silo.health();
+    let failed = poll_until(Duration::from_secs(30), || {
+        matches!(
+            *health.borrow(),
+            SiloHealth::Failing { .. } | SiloHealth::LeaseAtRisk { .. }
+        )
+    })
+    .await;
+    assert!(
+        failed,
+        "still {:?} 30 s into a hung heartbeat",
+        *health.borrow()
+    );
+    // Publish period 10 s × 3 missed: the others may decide 30 s after the last publish;
+    // the host hears it at least one period earlier.
+    let at_risk = poll_until(Duration::from_secs(30), || {
+        matches!(*health.borrow(), SiloHealth::LeaseAtRisk { .. })
+    })
+    .await;
+    assert!(at_risk, "{:?}", *health.borrow());
+    silo.crash();
+}
+
+/// A fenced silo whose row was declared Dead meanwhile must not turn Healthy when its
+/// (unchecked) heartbeat gets through again — the Cassandra table between renewals.
+#[tokio::test(start_paused = true)]
+async fn a_fenced_silo_declared_dead_meanwhile_never_turns_healthy_when_publishing_recovers() {
+    let clock = Arc::new(TokioClock::new());
+    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    table.set_blind_heartbeats(true);
+    let silo = join(table.clone(), 1, &clock).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Storage is cut for this silo: heartbeats and the detector's reads fail.
+    let failing = table.inject(Injection::timeout(Operation::UpdateIAmAlive, "injected"));
+    table.inject(Injection::contention(Operation::ReadAll));
+    let mut health = silo.health();
+    health
+        .wait_for(|h| matches!(h, SiloHealth::LeaseAtRisk { .. }))
+        .await
+        .unwrap();
+    let seen = record(&silo);
+    // The others declare it dead while it is fenced.
+    assert!(
+        protocol::set_status(
+            table.inner().as_ref(),
+            &silo.address(),
+            SiloStatus::Dead,
+            clock.now()
+        )
+        .await
+        .unwrap()
+    );
+    // The heartbeat gets through again; the detector still cannot read.
+    table.clear(failing);
+    let last = silo.wait_final(Duration::from_secs(30)).await;
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        !seen.iter().any(|h| matches!(h, SiloHealth::Healthy { .. })),
+        "told Healthy while its row was Dead: {seen:?}"
+    );
+    assert_eq!(last, SiloHealth::DeclaredDead, "{seen:?}");
+    silo.crash();
+}
+
+/// A detector that cannot read must not leave a zombie Healthy: after
+/// `num_missed_table_i_am_alive_limit` failed rounds the silo's own status is unknown: fence.
+#[tokio::test(start_paused = true)]
+async fn a_silo_whose_detector_cannot_read_is_fenced_after_the_missed_limit_of_rounds() {
+    let clock = Arc::new(TokioClock::new());
+    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    table.set_blind_heartbeats(true);
+    let silo = join(table.clone(), 1, &clock).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let failing_reads = table.inject(Injection::contention(Operation::ReadAll));
+    assert!(
+        protocol::set_status(
+            table.inner().as_ref(),
+            &silo.address(),
+            SiloStatus::Dead,
+            clock.now()
+        )
+        .await
+        .unwrap()
+    );
+    let health = silo.health();
+    // Three failed rounds, one per 10 s period (each bounded by one period).
+    let fenced = poll_until(Duration::from_secs(70), || {
+        matches!(*health.borrow(), SiloHealth::LeaseAtRisk { .. })
+    })
+    .await;
+    assert!(
+        fenced,
+        "still {:?} with its own row unread for 70 s",
+        *health.borrow()
+    );
+    // Reads come back: the row says Dead.
+    table.clear(failing_reads);
+    assert_eq!(
+        silo.wait_final(Duration::from_secs(15)).await,
+        SiloHealth::DeclaredDead
+    );
+}
+
+/// The fence horizon counts from the I-am-alive time the join stored, not from when the
+/// heartbeat task started (the Active step may have retried for a long time in between).
+#[tokio::test(start_paused = true)]
+async fn the_fence_counts_from_the_i_am_alive_time_the_join_stored() {
+    let clock = Arc::new(TokioClock::new());
+    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    table.inject(Injection::timeout(Operation::UpdateIAmAlive, "injected"));
+    // The Active step's first three writes hang (10 s each, the call timeout).
+    table.inject(Injection::hang(Operation::UpdateRow).times(3));
+    let start = tokio::time::Instant::now();
+    let silo = join(table.clone(), 1, &clock).await;
+    let joined = start.elapsed();
+    assert!(joined >= Duration::from_secs(30), "joined after {joined:?}");
+    let health = silo.health();
+    // Stored at about 0 s: the others may vote from 30 s on; the fence is 20 s after the store.
+    let fenced = poll_until(Duration::from_secs(30), || {
+        matches!(*health.borrow(), SiloHealth::LeaseAtRisk { .. })
+    })
+    .await;
+    let at = start.elapsed();
+    assert!(fenced, "{:?}", *health.borrow());
+    assert!(
+        at <= joined + Duration::from_secs(1),
+        "fenced {at:?} after the store (joined at {joined:?})"
+    );
+    silo.crash();
+}
+
+/// A healthy silo is never told to fence, even with the longest heartbeat delay
+/// (period + jitter) and slow (but successful) calls; settings that leave no margin are refused.
+#[tokio::test(start_paused = true)]
+async fn a_healthy_silo_with_slow_calls_and_wide_jitter_is_never_fenced() {
+    let clock = Arc::new(TokioClock::new());
+    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    table.inject(Injection::delay(
+        Operation::UpdateIAmAlive,
+        Duration::from_millis(900),
+    ));
+    let mut o = options();
+    o.num_missed_table_i_am_alive_limit = 2;
+    o.i_am_alive_jitter_percent = 50;
+    o.table_operation_timeout = Some(Duration::from_secs(1));
+    let silo =
+        cassandra_membership::Silo::join_with_clock(table.clone(), entry(1), o, clock.clone())
+            .await
+            .unwrap();
+    let seen = record(&silo);
+    tokio::time::sleep(Duration::from_secs(1200)).await;
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        !seen.iter().any(|h| matches!(
+            h,
+            SiloHealth::LeaseAtRisk { .. } | SiloHealth::Failing { .. }
+        )),
+        "a healthy silo was told to fence: {:?}",
+        seen.iter()
+            .filter(|h| !matches!(h, SiloHealth::Healthy { .. }))
+            .collect::<Vec<_>>()
+    );
+    silo.leave().await.unwrap();
+}
+
+#[test]
+fn settings_that_leave_no_fencing_margin_are_refused_naming_the_options() {
+    let mut o = options();
+    o.num_missed_table_i_am_alive_limit = 1;
+    match o.validate() {
+        Err(MembershipError::InvalidConfiguration { option, reason }) => {
+            assert_eq!(option, "num_missed_table_i_am_alive_limit");
+            for named in ["i_am_alive_jitter_percent", "table_operation_timeout"] {
+                assert!(reason.contains(named), "{reason}");
+            }
+        }
+        other => panic!("{other:?}"),
+    }
+    // Two missed periods and the default call timeout (one period): no room.
+    o.num_missed_table_i_am_alive_limit = 2;
+    assert!(o.validate().is_err());
+    // With short calls there is.
+    o.table_operation_timeout = Some(Duration::from_secs(1));
+    o.validate().unwrap();
+    assert!(MembershipOptions::default().validate().is_ok());
+}

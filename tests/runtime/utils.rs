@@ -1,0 +1,71 @@
+//! What the runtime tests share: options with a 10 s publish period and no cleanup, entries
+//! 10.0.0.n:11111@1, joining on a clock, a fault-injecting in-memory table, polling and recording
+//! a silo's health.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cassandra_membership::conformance::faults::FaultyTable;
+use cassandra_membership::{
+    Clock, InMemoryMembershipTable, MembershipEntry, MembershipOptions, MembershipTable,
+    SiloAddress, SiloHealth, SiloStatus, Timestamp, TokioClock,
+};
+
+pub(crate) fn options() -> MembershipOptions {
+    let mut o = MembershipOptions::default();
+    o.i_am_alive_table_publish_timeout = Duration::from_secs(10);
+    o.defunct_silo_cleanup_period = None;
+    o
+}
+
+pub(crate) async fn join(
+    table: Arc<impl MembershipTable + 'static>,
+    n: u8,
+    clock: &Arc<TokioClock>,
+) -> cassandra_membership::Silo {
+    cassandra_membership::Silo::join_with_clock(table, entry(n), options(), clock.clone())
+        .await
+        .unwrap()
+}
+
+pub(crate) fn entry(n: u8) -> MembershipEntry {
+    let a: SiloAddress = format!("10.0.0.{n}:11111@1").parse().unwrap();
+    MembershipEntry::new(a, SiloStatus::Joining, Timestamp::now())
+}
+
+pub(crate) fn entry_at(n: u8, clock: &dyn Clock) -> MembershipEntry {
+    let mut e = entry(n);
+    e.start_time = clock.now();
+    e
+}
+
+/// `inner` behind a fault-injecting wrapper with no fault yet.
+pub(crate) fn faulty(inner: InMemoryMembershipTable) -> Arc<FaultyTable> {
+    Arc::new(FaultyTable::new(Arc::new(inner)))
+}
+
+/// Polls every 100 ms of (paused) time until `done` or `limit` passes.
+pub(crate) async fn poll_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < limit {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    done()
+}
+
+/// Records every health change of `silo` from now on.
+pub(crate) fn record(silo: &cassandra_membership::Silo) -> Arc<std::sync::Mutex<Vec<SiloHealth>>> {
+    let seen = Arc::new(std::sync::Mutex::new(vec![silo.health().borrow().clone()]));
+    let mut rx = silo.health();
+    let out = seen.clone();
+    tokio::spawn(async move {
+        while rx.changed().await.is_ok() {
+            let h = rx.borrow_and_update().clone();
+            out.lock().unwrap().push(h);
+        }
+    });
+    seen
+}
