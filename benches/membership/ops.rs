@@ -80,7 +80,7 @@ pub(crate) async fn run(s: &Arc<Session>, r: &mut Report) -> Res<()> {
             )
             .await?,
         );
-        // Issue 15's target: read_all against one serial read of the partition's rows alone.
+        // The target: read_all costs about one serial read of the partition's rows alone.
         push(
             "read_all vs 1 serial read of the rows",
             ab(
