@@ -355,3 +355,91 @@ impl CassandraMembershipTable {
             .outcome(operation)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use scylla::errors::{DbError, ExecutionError, WriteType};
+    use scylla::statement::Consistency;
+
+    use super::*;
+    use crate::cassandra::errors::tests::{db, unavailable};
+
+    /// The rule each call site applied before the outcome handling was centralised: a reply is
+    /// `[applied]` or, unreadable, its error; a failure that may have applied is ambiguous; any
+    /// other failure is `to_error(operation, e)`.
+    fn old_rule(sent: &str, err: Option<ExecutionError>) -> String {
+        match (sent, err) {
+            ("applied", _) => "Ok(true)".into(),
+            ("not_applied", _) => "Ok(false)".into(),
+            ("unreadable", _) => "Err(CorruptData)".into(),
+            (_, Some(e)) if may_have_applied(&e) => "Ambiguous".into(),
+            (_, Some(e)) => format!("Err({:?})", std::mem::discriminant(&to_error("op", e))),
+            _ => unreachable!(),
+        }
+    }
+
+    fn new_rule(sent: Sent) -> String {
+        match sent.outcome("op") {
+            Ok(Outcome::Applied) => "Ok(true)".into(),
+            Ok(Outcome::NotApplied) => "Ok(false)".into(),
+            Ok(Outcome::Ambiguous(_)) => "Ambiguous".into(),
+            Err(MembershipError::CorruptData { .. }) => "Err(CorruptData)".into(),
+            Err(e) => format!("Err({:?})", std::mem::discriminant(&e)),
+        }
+    }
+
+    fn errors() -> Vec<fn() -> ExecutionError> {
+        vec![
+            || ExecutionError::LastAttemptError(db(unavailable())),
+            || ExecutionError::LastAttemptError(db(DbError::Unauthorized)),
+            || ExecutionError::LastAttemptError(db(DbError::SyntaxError)),
+            || ExecutionError::LastAttemptError(db(DbError::Overloaded)),
+            || {
+                ExecutionError::LastAttemptError(db(DbError::WriteTimeout {
+                    consistency: Consistency::Serial,
+                    received: 0,
+                    required: 1,
+                    write_type: WriteType::Cas,
+                }))
+            },
+            || ExecutionError::RequestTimeout(std::time::Duration::from_secs(1)),
+            || ExecutionError::EmptyPlan,
+        ]
+    }
+
+    /// Every driver error, unreadable reply and `[applied]` answer maps as each call site
+    /// mapped it before `Sent` / `Outcome` replaced the per-site matches.
+    #[test]
+    fn the_central_outcome_mapping_is_the_per_site_rule_it_replaced() {
+        let reply = |applied| CasReply {
+            applied,
+            ..CasReply::default()
+        };
+        assert_eq!(
+            new_rule(Sent::Answered(reply(true))),
+            old_rule("applied", None)
+        );
+        assert_eq!(
+            new_rule(Sent::Answered(reply(false))),
+            old_rule("not_applied", None)
+        );
+        let corrupt = MembershipError::corrupt(None, "unreadable [applied] row");
+        assert_eq!(
+            new_rule(Sent::Unreadable(corrupt)),
+            old_rule("unreadable", None)
+        );
+        for make in errors() {
+            let sent = if may_have_applied(&make()) {
+                Sent::Ambiguous(make())
+            } else {
+                Sent::Refused(make())
+            };
+            assert_eq!(
+                new_rule(sent),
+                old_rule("failed", Some(make())),
+                "{:?}",
+                make()
+            );
+        }
+    }
+}
