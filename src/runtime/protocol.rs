@@ -3,8 +3,8 @@
 //! conflicts, and, within a deadline, reads that give up and calls that time out.
 //!
 //! [`Silo`](crate::Silo) runs them all. Public are the steps a host running its own loop calls:
-//! [`join`] (or [`join_within`] its [`ProtocolLimits`]), [`set_status`], [`leave`] and
-//! [`detection_round`].
+//! [`join`], [`set_status`], [`leave`] (or [`join_within`], [`set_status_within`],
+//! [`leave_within`] with its own [`ProtocolLimits`]) and [`detection_round`].
 
 use std::future::Future;
 use std::time::Duration;
@@ -211,7 +211,7 @@ pub async fn set_status(
 }
 
 /// [`set_status`] within `limits`.
-async fn set_status_within(
+pub async fn set_status_within(
     table: &dyn MembershipTable,
     address: &SiloAddress,
     status: SiloStatus,
@@ -298,9 +298,8 @@ pub async fn leave(
     leave_within(table, address, now, &ProtocolLimits::default()).await
 }
 
-/// Graceful leave: ShuttingDown, then Dead, each through the versioned protocol, so the other
-/// silos see this one left rather than crashed.
-pub(crate) async fn leave_within(
+/// [`leave`] within `limits`: each of its two status changes gets `limits.step_deadline`.
+pub async fn leave_within(
     table: &dyn MembershipTable,
     address: &SiloAddress,
     now: Timestamp,

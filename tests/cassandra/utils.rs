@@ -15,12 +15,18 @@ pub(crate) const KEYSPACE: &str = match option_env!("CM_TEST_KEYSPACE") {
     None => "cm_test",
 };
 
+/// `CASSANDRA_CONTACT_POINTS` (default `127.0.0.1:9042`), each as `ip:port`: a bare address gets
+/// CQL's port 9042, as the driver would give it (the fault-injecting proxy needs the port).
 pub(crate) fn contact_points() -> Vec<String> {
     std::env::var("CASSANDRA_CONTACT_POINTS")
         .unwrap_or_else(|_| "127.0.0.1:9042".into())
         .split(',')
-        .map(|s| s.trim().to_owned())
+        .map(|s| s.trim())
         .filter(|s| !s.is_empty())
+        .map(|s| match s.parse::<std::net::IpAddr>() {
+            Ok(ip) => std::net::SocketAddr::new(ip, 9042).to_string(),
+            Err(_) => s.to_owned(),
+        })
         .collect()
 }
 
