@@ -168,6 +168,8 @@ impl CassandraMembershipTable {
         // An element of another incarnation (start time differs from the row's) counts as
         // orphaned; so does a damaged one. Each delete is stamped with the element's own write
         // time (read just before), so a newer heartbeat survives it — whoever wrote the element.
+        // Where the server cannot say that time (4.x, ScyllaDB), an element without a row is
+        // deleted at the current time (`HeartbeatCell::delete_stamp`).
         let live: HashMap<String, i64> = read
             .entries
             .iter()
@@ -179,12 +181,14 @@ impl CassandraMembershipTable {
             !owned && time.is_none_or(|t| t.0 < before.as_millis())
         };
         if read.heartbeats.iter().any(|(k, v)| due(k, v)) {
+            let now_micros = Timestamp::now().as_millis().saturating_mul(1000);
             for cell in self.read_heartbeat_cells(self.pk(), OPERATION).await? {
-                let (Some(value), Some(written)) = (cell.value, cell.written) else {
+                let Some(value) = cell.value else {
                     continue;
                 };
-                if due(&cell.key, &value) {
-                    self.delete_heartbeat_cell(self.pk(), &cell.key, written, OPERATION)
+                let stamp = cell.delete_stamp(live.contains_key(&cell.key), now_micros);
+                if let (true, Some(stamp)) = (due(&cell.key, &value), stamp) {
+                    self.delete_heartbeat_cell(self.pk(), &cell.key, stamp, OPERATION)
                         .await?;
                 }
             }
@@ -274,9 +278,11 @@ impl CassandraMembershipTable {
             }
             // Heartbeat elements written with a timestamp later than the deleting ballot (their
             // stamp is their I-am-alive time, or another program's choice) survive it.
+            // Every row is gone: an element the server cannot date is deleted now.
+            let now_micros = Timestamp::now().as_millis().saturating_mul(1000);
             for cell in self.read_heartbeat_cells(pk, "delete_cluster").await? {
-                if let Some(written) = cell.written {
-                    self.delete_heartbeat_cell(pk, &cell.key, written, "delete_cluster")
+                if let Some(stamp) = cell.delete_stamp(false, now_micros) {
+                    self.delete_heartbeat_cell(pk, &cell.key, stamp, "delete_cluster")
                         .await?;
                 }
             }

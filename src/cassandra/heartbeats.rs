@@ -60,6 +60,9 @@ pub(super) struct HeartbeatCell {
     pub(super) value: Option<StoredHeartbeat>,
     pub(super) written: Option<i64>,
     pub(super) ttl: Option<i32>,
+    /// `written` is the element's own I-am-alive time, not a write time the server reported
+    /// (Cassandra 4.x and ScyllaDB cannot select `WRITETIME` of a map element).
+    pub(super) dated_by_value: bool,
 }
 
 impl HeartbeatCell {
@@ -76,8 +79,21 @@ impl HeartbeatCell {
                 written: value.1.map(|t| t.0.saturating_mul(1000)),
                 value: Some(value),
                 ttl: None,
+                dated_by_value: true,
             })
             .collect()
+    }
+
+    /// The timestamp to delete this element with: its write time as read, so a heartbeat
+    /// written after the read survives the delete. An element the server could not date whose
+    /// row is gone is deleted at `now_micros` instead: its I-am-alive time need not be its write
+    /// time (another program's write, a `patch` re-stamp), and only its own incarnation — which
+    /// has no row, so no membership — ever writes that key again. `None`: leave it.
+    pub(super) fn delete_stamp(&self, row_exists: bool, now_micros: i64) -> Option<i64> {
+        if self.dated_by_value && !row_exists {
+            return Some(self.written.map_or(now_micros, |w| w.max(now_micros)));
+        }
+        self.written
     }
 }
 
@@ -104,6 +120,7 @@ impl HeartbeatCellsRow {
                 value: Some(value),
                 written: written.get(i).copied().flatten(),
                 ttl: ttls.get(i).copied().flatten(),
+                dated_by_value: false,
             })
             .collect()
     }
@@ -232,5 +249,51 @@ mod tests {
             [("a", Some(5_000_000)), ("b", None), ("c", Some(i64::MIN))]
         );
         assert!(cells.iter().all(|c| c.ttl.is_none()));
+    }
+
+    #[test]
+    fn an_undated_element_without_a_row_is_deleted_now_and_every_other_at_its_write_time() {
+        let now = 9_000_000;
+        let undated = HeartbeatCell::without_write_times(BTreeMap::from([
+            (
+                "old".to_owned(),
+                (Some(CqlTimestamp(1)), Some(CqlTimestamp(5_000))),
+            ),
+            (
+                "ahead".to_owned(),
+                (Some(CqlTimestamp(1)), Some(CqlTimestamp(20_000))),
+            ),
+            ("damaged".to_owned(), (Some(CqlTimestamp(1)), None)),
+        ]));
+        let stamps: Vec<_> = undated
+            .iter()
+            .map(|c| {
+                (
+                    c.key.as_str(),
+                    c.delete_stamp(false, now),
+                    c.delete_stamp(true, now),
+                )
+            })
+            .collect();
+        assert_eq!(
+            stamps,
+            [
+                // A row still there: the element's own time, or nothing when it has none.
+                ("ahead", Some(20_000_000), Some(20_000_000)),
+                ("damaged", Some(now), None),
+                ("old", Some(now), Some(5_000_000)),
+            ]
+        );
+        let dated = HeartbeatCellsRow {
+            heartbeats: Some(BTreeMap::from([(
+                "a".to_owned(),
+                (Some(CqlTimestamp(1)), Some(CqlTimestamp(5_000))),
+            )])),
+            written: Some(vec![Some(7_000_123)]),
+            ttls: Some(vec![None]),
+        }
+        .cells();
+        assert_eq!(dated[0].delete_stamp(false, now), Some(7_000_123));
+        assert_eq!(dated[0].delete_stamp(true, now), Some(7_000_123));
     }
 }

@@ -451,6 +451,7 @@ fn cell(
         value: Some((Some(CqlTimestamp(0)), alive)),
         written,
         ttl,
+        dated_by_value: false,
     }
 }
 
