@@ -86,12 +86,17 @@ impl HeartbeatCell {
 
     /// The timestamp to delete this element with: its write time as read, so a heartbeat
     /// written after the read survives the delete. An element the server could not date whose
-    /// row is gone is deleted at `now_micros` instead: its I-am-alive time need not be its write
-    /// time (another program's write, a `patch` re-stamp), and only its own incarnation — which
-    /// has no row, so no membership — ever writes that key again. `None`: leave it.
+    /// row is gone is deleted at `now_micros`, or one microsecond past its I-am-alive time if
+    /// that is later (what a `patch` re-stamp writes; provider heartbeats are whole
+    /// milliseconds): its I-am-alive time need not be its write time, and only its own
+    /// incarnation — which has no row, so no membership — writes that key again. `None`: leave
+    /// it.
     pub(super) fn delete_stamp(&self, row_exists: bool, now_micros: i64) -> Option<i64> {
         if self.dated_by_value && !row_exists {
-            return Some(self.written.map_or(now_micros, |w| w.max(now_micros)));
+            return Some(
+                self.written
+                    .map_or(now_micros, |w| w.saturating_add(1).max(now_micros)),
+            );
         }
         self.written
     }
@@ -279,7 +284,7 @@ mod tests {
             stamps,
             [
                 // A row still there: the element's own time, or nothing when it has none.
-                ("ahead", Some(20_000_000), Some(20_000_000)),
+                ("ahead", Some(20_000_001), Some(20_000_000)),
                 ("damaged", Some(now), None),
                 ("old", Some(now), Some(5_000_000)),
             ]

@@ -46,8 +46,11 @@ async fn silos_join_detect_a_crash_leave_and_the_cluster_expires() {
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     for silo in &silos {
+        let health = silo.health().borrow().clone();
         assert!(
-            matches!(*silo.health().borrow(), SiloHealth::Healthy { lease } if lease.expires_at.is_some())
+            matches!(health, SiloHealth::Healthy { lease } if lease.expires_at.is_some()),
+            "{} after joining: {health:?}",
+            silo.address()
         );
         assert_eq!(silo.entry_status().await.unwrap(), Some(SiloStatus::Active));
     }
