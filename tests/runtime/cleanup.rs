@@ -11,7 +11,7 @@ use cassandra_membership::{
     SiloAddress, SiloStatus, Timestamp, TokioClock,
 };
 
-use crate::utils::{entry, faulty, options};
+use crate::utils::{entry, faulty, faulty_on_paused_clock, options};
 
 #[tokio::test(start_paused = true)]
 async fn defunct_cleanup_runs_once_per_period_and_only_once_per_process() {
@@ -138,8 +138,7 @@ async fn silos_on_unrelated_tables_with_the_same_cluster_id_both_join() {
 /// `leave` before its ShuttingDown and Dead writes.
 #[tokio::test(start_paused = true)]
 async fn a_hung_defunct_cleanup_is_bounded_and_does_not_block_leave() {
-    let clock = Arc::new(TokioClock::new());
-    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let (clock, table) = faulty_on_paused_clock();
     table.inject(Injection::hang(Operation::CleanupDefunct));
     let mut o = options();
     o.defunct_silo_cleanup_period = Some(Duration::from_secs(60));

@@ -11,7 +11,7 @@ use cassandra_membership::{
     Clock, InMemoryMembershipTable, MembershipTable, SiloHealth, SiloStatus, TokioClock,
 };
 
-use crate::utils::{entry, entry_at, faulty, join, options};
+use crate::utils::{entry, entry_at, faulty_on_paused_clock, join, options};
 
 #[tokio::test(start_paused = true)]
 async fn a_crashed_silo_is_declared_dead_by_the_others_through_the_protocol() {
@@ -103,8 +103,7 @@ async fn a_missing_entry_stops_the_heartbeat_without_recreating_it() {
 /// renewals) must not hide a Dead or missing entry: the failure detector's read shows it.
 #[tokio::test(start_paused = true)]
 async fn a_silo_declared_dead_learns_it_within_one_period_even_when_heartbeats_do_not_check() {
-    let clock = Arc::new(TokioClock::new());
-    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let (clock, table) = faulty_on_paused_clock();
     table.set_blind_heartbeats(true);
     let silo = join(table.clone(), 1, &clock).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -128,8 +127,7 @@ async fn a_silo_declared_dead_learns_it_within_one_period_even_when_heartbeats_d
 #[tokio::test(start_paused = true)]
 async fn a_silo_whose_entry_vanished_learns_it_within_one_period_even_when_heartbeats_do_not_check()
 {
-    let clock = Arc::new(TokioClock::new());
-    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let (clock, table) = faulty_on_paused_clock();
     table.set_blind_heartbeats(true);
     let silo = join(table.clone(), 1, &clock).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -144,8 +142,7 @@ async fn a_silo_whose_entry_vanished_learns_it_within_one_period_even_when_heart
 /// and a silo whose own row is Dead votes no one dead.
 #[tokio::test(start_paused = true)]
 async fn a_detection_round_reports_its_own_row_even_when_a_suspect_re_read_fails() {
-    let clock = Arc::new(TokioClock::new());
-    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let (clock, table) = faulty_on_paused_clock();
     table.initialize(true).await.unwrap();
     let mut me = entry_at(1, clock.as_ref());
     me.status = SiloStatus::Active;
@@ -186,8 +183,7 @@ async fn a_detection_round_reports_its_own_row_even_when_a_suspect_re_read_fails
 /// Another incarnation's row at the same address is not this silo's row.
 #[tokio::test(start_paused = true)]
 async fn a_silo_whose_row_was_replaced_by_another_incarnation_learns_its_entry_is_gone() {
-    let clock = Arc::new(TokioClock::new());
-    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let (clock, table) = faulty_on_paused_clock();
     let silo = cassandra_membership::Silo::join_with_clock(
         table.clone(),
         entry_at(1, clock.as_ref()),
@@ -213,8 +209,7 @@ async fn a_silo_whose_row_was_replaced_by_another_incarnation_learns_its_entry_i
 /// A damaged own row (skipped by read_all) is unknown, not missing.
 #[tokio::test(start_paused = true)]
 async fn a_damaged_own_row_is_not_taken_for_a_missing_one() {
-    let clock = Arc::new(TokioClock::new());
-    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let (clock, table) = faulty_on_paused_clock();
     let silo = join(table.clone(), 1, &clock).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     table.damage_row(entry(1).address);

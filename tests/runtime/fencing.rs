@@ -12,7 +12,7 @@ use cassandra_membership::{
     SiloHealth, SiloStatus, TokioClock,
 };
 
-use crate::utils::{entry, faulty, join, options, poll_until, record};
+use crate::utils::{entry, faulty, faulty_on_paused_clock, join, options, poll_until, record};
 
 #[tokio::test(start_paused = true)]
 async fn failing_heartbeats_retry_with_backoff_and_warn_before_the_lease_lapses() {
@@ -124,8 +124,7 @@ async fn a_silo_that_cannot_publish_is_told_to_fence_before_the_others_declare_i
 /// A hung heartbeat is a failed heartbeat, and the fence signal comes on time.
 #[tokio::test(start_paused = true)]
 async fn a_hung_heartbeat_counts_as_failed_and_the_host_is_told_to_fence_on_time() {
-    let clock = Arc::new(TokioClock::new());
-    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let (clock, table) = faulty_on_paused_clock();
     let silo = join(table.clone(), 1, &clock).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     table.inject(Injection::hang(Operation::UpdateIAmAlive));
@@ -156,8 +155,7 @@ async fn a_hung_heartbeat_counts_as_failed_and_the_host_is_told_to_fence_on_time
 /// (unchecked) heartbeat gets through again — the Cassandra table between renewals.
 #[tokio::test(start_paused = true)]
 async fn a_fenced_silo_declared_dead_meanwhile_never_turns_healthy_when_publishing_recovers() {
-    let clock = Arc::new(TokioClock::new());
-    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let (clock, table) = faulty_on_paused_clock();
     table.set_blind_heartbeats(true);
     let silo = join(table.clone(), 1, &clock).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -197,8 +195,7 @@ async fn a_fenced_silo_declared_dead_meanwhile_never_turns_healthy_when_publishi
 /// `num_missed_table_i_am_alive_limit` failed rounds the silo's own status is unknown: fence.
 #[tokio::test(start_paused = true)]
 async fn a_silo_whose_detector_cannot_read_is_fenced_after_the_missed_limit_of_rounds() {
-    let clock = Arc::new(TokioClock::new());
-    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let (clock, table) = faulty_on_paused_clock();
     table.set_blind_heartbeats(true);
     let silo = join(table.clone(), 1, &clock).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -236,8 +233,7 @@ async fn a_silo_whose_detector_cannot_read_is_fenced_after_the_missed_limit_of_r
 /// heartbeat task started (the Active step may have retried for a long time in between).
 #[tokio::test(start_paused = true)]
 async fn the_fence_counts_from_the_i_am_alive_time_the_join_stored() {
-    let clock = Arc::new(TokioClock::new());
-    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let (clock, table) = faulty_on_paused_clock();
     table.inject(Injection::timeout(Operation::UpdateIAmAlive, "injected"));
     // The Active step's first three writes hang (10 s each, the call timeout).
     table.inject(Injection::hang(Operation::UpdateRow).times(3));
@@ -264,8 +260,7 @@ async fn the_fence_counts_from_the_i_am_alive_time_the_join_stored() {
 /// (period + jitter) and slow (but successful) calls; settings that leave no margin are refused.
 #[tokio::test(start_paused = true)]
 async fn a_healthy_silo_with_slow_calls_and_wide_jitter_is_never_fenced() {
-    let clock = Arc::new(TokioClock::new());
-    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let (clock, table) = faulty_on_paused_clock();
     table.inject(Injection::delay(
         Operation::UpdateIAmAlive,
         Duration::from_millis(900),

@@ -11,12 +11,11 @@ use cassandra_membership::{
     Timestamp, TokioClock,
 };
 
-use crate::utils::{entry, faulty, join, options};
+use crate::utils::{entry, faulty_on_paused_clock, join, options};
 
 #[tokio::test(start_paused = true)]
 async fn a_silo_joins_active_and_heartbeats_every_period_within_jitter() {
-    let clock = Arc::new(TokioClock::new());
-    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let (clock, table) = faulty_on_paused_clock();
     let silo = join(table.clone(), 1, &clock).await;
     assert_eq!(silo.entry_status().await.unwrap(), Some(SiloStatus::Active));
     tokio::time::sleep(Duration::from_secs(100)).await;
@@ -36,8 +35,7 @@ async fn a_silo_joins_active_and_heartbeats_every_period_within_jitter() {
 
 #[tokio::test(start_paused = true)]
 async fn a_join_whose_table_call_hangs_returns_an_error_by_the_join_deadline() {
-    let clock = Arc::new(TokioClock::new());
-    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let (clock, table) = faulty_on_paused_clock();
     table.inject(Injection::hang(Operation::InsertRow));
     let joined = tokio::time::timeout(
         Duration::from_secs(3600),
@@ -54,8 +52,7 @@ async fn a_join_whose_table_call_hangs_returns_an_error_by_the_join_deadline() {
 /// A read that gives up under contention is retried, within the join deadline.
 #[tokio::test(start_paused = true)]
 async fn join_retries_reads_that_give_up_under_contention() {
-    let clock = Arc::new(TokioClock::new());
-    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let (clock, table) = faulty_on_paused_clock();
     table.inject(Injection::contention(Operation::ReadAll).times(20));
     let row_reads = table.inject(Injection::timeout(Operation::ReadRow, "injected").times(20));
     let silo = cassandra_membership::Silo::join_with_clock(
@@ -74,8 +71,7 @@ async fn join_retries_reads_that_give_up_under_contention() {
 /// would skip it, and the insert would conflict with it until max_join_attempt_time).
 #[tokio::test(start_paused = true)]
 async fn a_join_whose_own_row_cannot_be_read_fails_at_once() {
-    let clock = Arc::new(TokioClock::new());
-    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let (clock, table) = faulty_on_paused_clock();
     table.damage_row(entry(1).address);
     let started = tokio::time::Instant::now();
     let joined = cassandra_membership::Silo::join_with_clock(
@@ -96,8 +92,7 @@ async fn a_join_whose_own_row_cannot_be_read_fails_at_once() {
 /// An Active step that finds the row Dead (or gone) fails the join.
 #[tokio::test(start_paused = true)]
 async fn a_join_whose_row_was_declared_dead_before_it_turned_active_fails() {
-    let clock = Arc::new(TokioClock::new());
-    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let (clock, table) = faulty_on_paused_clock();
     table.declare_dead_after_next_insert();
     let joined = cassandra_membership::Silo::join_with_clock(
         table.clone(),
@@ -113,8 +108,7 @@ async fn a_join_whose_row_was_declared_dead_before_it_turned_active_fails() {
 /// through and the Dead marking after it must not add up to several `max_join_attempt_time`s.
 #[tokio::test(start_paused = true)]
 async fn a_join_returns_within_max_join_attempt_time_however_its_steps_fail() {
-    let clock = Arc::new(TokioClock::new());
-    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let (clock, table) = faulty_on_paused_clock();
     table.inject(Injection::delay(
         Operation::Initialize,
         Duration::from_secs(240),

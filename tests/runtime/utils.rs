@@ -44,6 +44,14 @@ pub(crate) fn faulty(inner: InMemoryMembershipTable) -> Arc<FaultyTable> {
     Arc::new(FaultyTable::new(Arc::new(inner)))
 }
 
+/// A fault-injecting in-memory table of cluster `c` on the test's (paused) tokio clock, and
+/// that clock: the set-up of most runtime tests.
+pub(crate) fn faulty_on_paused_clock() -> (Arc<TokioClock>, Arc<FaultyTable>) {
+    let clock = Arc::new(TokioClock::new());
+    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    (clock, table)
+}
+
 /// Polls every 100 ms of (paused) time until `done` or `limit` passes.
 pub(crate) async fn poll_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     let started = tokio::time::Instant::now();
