@@ -10,6 +10,10 @@
 #   scripts/cassandra.sh stop [I]    stop the nodes this script started (or only node I)
 #   scripts/cassandra.sh status      print which nodes answer CQL
 #   scripts/cassandra.sh nodetool I ARGS...   run nodetool against node I (JMX on 127.0.0.1:7199+I)
+#   scripts/cassandra.sh start-dcs DC...  start a multi-DC ring, one node per argument, in that DC
+#                                    (GossipingPropertyFileSnitch, a cassandra-rackdc.properties per
+#                                    node), e.g. CASSANDRA_FIRST_NODE=6 ... start-dcs dc1 dc2 starts
+#                                    node 6 in dc1 and node 7 in dc2 (at most 3 nodes)
 #   scripts/cassandra.sh start-secure  start one more node, on 127.0.0.9, that speaks only TLS and
 #                                    asks for a password (PasswordAuthenticator; user cassandra/cassandra).
 #                                    Its keystore is generated with keytool at start; the certificate
@@ -163,9 +167,17 @@ YAML
   fi
 }
 
-write_config() { # $1 = node index, $2 = node count
-  local i=$1 n=$2 seeds token
+write_config() { # $1 = node index, $2 = node count, $3 = the node's data centre (a multi-DC ring) or empty
+  local i=$1 n=$2 dc=${3:-} seeds token
   local dir="$home/node$i"
+  local snitch=SimpleSnitch cluster=cassandra-membership-test
+  if [ -n "$dc" ]; then
+    # The node's DC comes from its own properties file (-Dcassandra-rackdc.properties, see start_node);
+    # its own cluster name: a multi-DC ring never gossips with a single-DC one.
+    snitch=GossipingPropertyFileSnitch cluster=cassandra-membership-dcs
+    mkdir -p "$dir/conf"
+    printf 'dc=%s\nrack=rack1\n' "$dc" >"$dir/conf/cassandra-rackdc.properties"
+  fi
   seeds=$(seq -s, -f '127.0.0.%g' "$first" $((first + n - 1)))
   # Balanced single tokens, the way ccm lays out a local ring: k * (2^64 / n) - 2^63.
   token=$(python3 -c "print(($i - $first) * (2**64 // $n) - 2**63)" 2>/dev/null || echo "")
@@ -177,13 +189,13 @@ write_config() { # $1 = node index, $2 = node count
   fi
   mkdir -p "$dir/conf"
   cat >"$dir/conf/cassandra.yaml" <<YAML
-cluster_name: cassandra-membership-test
+cluster_name: $cluster
 num_tokens: 1
 initial_token: $token
 allocate_tokens_for_local_replication_factor: 1
 auto_bootstrap: false
 partitioner: org.apache.cassandra.dht.Murmur3Partitioner
-endpoint_snitch: SimpleSnitch
+endpoint_snitch: $snitch
 seed_provider:
   - class_name: org.apache.cassandra.locator.SimpleSeedProvider
     parameters:
@@ -235,8 +247,9 @@ YAML
 XML
 }
 
-start_node() { # $1 = node index, $2 = node count, $3 = "keep" to start on the node's existing data
-  local i=$1 n=$2 keep=${3:-}
+start_node() { # $1 = node index, $2 = node count, $3 = "keep" to start on the node's existing data,
+  #               $4 = the node's data centre (start-dcs)
+  local i=$1 n=$2 keep=${3:-} dc=${4:-}
   local dir="$home/node$i"
   if cql_up "127.0.0.$i"; then log "node $i already answers on 127.0.0.$i:9042; reusing it"; return; fi
   # A node that is still shutting down holds its ports for a few seconds.
@@ -251,11 +264,17 @@ start_node() { # $1 = node index, $2 = node count, $3 = "keep" to start on the n
     mv "$dir/system.log" "$dir/system.log.$(date +%s)" 2>/dev/null || true
   else
     rm -rf "$dir"
-    write_config "$i" "$n"
+    write_config "$i" "$n" "$dc"
+  fi
+  local extra=()
+  # A node of a multi-DC ring (also on restart) reads its DC from its own file.
+  if [ -f "$dir/conf/cassandra-rackdc.properties" ]; then
+    extra+=("-Dcassandra-rackdc.properties=file://$dir/conf/cassandra-rackdc.properties")
   fi
   log "starting node $i on 127.0.0.$i (heap $heap)"
   local opts
   mapfile -t opts < <(java_opts)
+  opts+=(${extra[@]+"${extra[@]}"})
   # setsid: the node outlives the shell that started it; stop() ends it by pid.
   local java
   java=$(node_java)
@@ -312,6 +331,19 @@ case "$cmd" in
     kill -s "$sig" "$pid"
     log "sent SIG$sig to node $i (pid $pid)"
     ;;
+  start-dcs)
+    shift
+    [ $# -ge 1 ] && [ $# -le 3 ] || { log "start-dcs takes 1 to 3 data centre names, one per node"; exit 2; }
+    for dc in "$@"; do
+      [[ "$dc" =~ ^[A-Za-z][A-Za-z0-9_-]*$ ]] || { log "data centre name '$dc': letters, digits, _ and -"; exit 2; }
+    done
+    mkdir -p "$home"
+    exec 9>"$home/start.lock"
+    flock 9
+    resolve
+    i=$first
+    for dc in "$@"; do start_node "$i" "$#" "" "$dc"; i=$((i + 1)); done
+    ;;
   restart)
     i=${2:?node index}
     resolve
@@ -357,5 +389,5 @@ case "$cmd" in
     exec "$java" "${opts[@]}" -cp "$lib/*" -Dlogback.configurationFile="file://$quiet" org.apache.cassandra.tools.NodeTool \
       -h 127.0.0.1 -p $((7199 + i)) "$@"
     ;;
-  *) log "usage: $0 start [N] | start-secure | stop [I] | status | kill I | pause I | resume I | restart I | nodetool I ARGS..."; exit 2 ;;
+  *) log "usage: $0 start [N] | start-dcs DC... | start-secure | stop [I] | status | kill I | pause I | resume I | restart I | nodetool I ARGS..."; exit 2 ;;
 esac

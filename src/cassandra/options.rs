@@ -101,6 +101,13 @@ pub struct CassandraClusteringOptions {
     pub cluster_id: String,
     /// Consistency levels. Default [`ConsistencyProfile::Quorum`].
     pub consistency: ConsistencyProfile,
+    /// The data centre whose nodes coordinate every statement: with
+    /// [`ConsistencyProfile::LocalQuorum`] (where it is required) the DC whose replicas decide
+    /// every Paxos round and commit, with no failover to another DC; with `quorum` the DC tried
+    /// first, others after it. Every silo of one cluster names the same DC (README
+    /// "Consistency profiles"). The name as the cluster reports it (`nodetool status`, e.g.
+    /// `dc1`). Default: none (the session's own load balancing; `quorum` only).
+    pub local_datacenter: Option<String>,
     /// Client-side timeout of each statement. Default 10 s.
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
@@ -145,6 +152,7 @@ impl Default for CassandraClusteringOptions {
             service_id: "default".into(),
             cluster_id: "default".into(),
             consistency: ConsistencyProfile::Quorum,
+            local_datacenter: None,
             request_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
             schema_timeout: Duration::from_secs(30),
@@ -210,6 +218,12 @@ impl CassandraClusteringOptions {
     /// Sets the consistency profile.
     pub fn consistency(mut self, profile: ConsistencyProfile) -> Self {
         self.consistency = profile;
+        self
+    }
+
+    /// Sets the data centre that coordinates every statement (see the field's docs).
+    pub fn local_datacenter(mut self, datacenter: impl Into<String>) -> Self {
+        self.local_datacenter = Some(datacenter.into());
         self
     }
 
@@ -341,6 +355,26 @@ impl CassandraClusteringOptions {
                 "contact_points",
                 format!("empty contact point {p:?}"),
             ));
+        }
+        match (&self.local_datacenter, self.consistency) {
+            (None, ConsistencyProfile::LocalQuorum) => {
+                return Err(MembershipError::config(
+                    "local_datacenter",
+                    "consistency = \"local_quorum\" needs the data centre whose replicas decide the \
+                     cluster's rounds: without it, statements go to nodes of any DC and two silos can \
+                     both win one compare-and-set in different DCs",
+                ));
+            }
+            (Some(dc), _) if !valid_datacenter(dc) => {
+                return Err(MembershipError::config(
+                    "local_datacenter",
+                    format!(
+                        "{dc:?}: a data centre name is 1 to 128 printable characters, without \
+                         surrounding spaces"
+                    ),
+                ));
+            }
+            _ => {}
         }
         if let Some(map) = &self.create_keyspace_with_replication {
             if !map.contains_key("class") {
@@ -488,6 +522,11 @@ pub(crate) fn validate_value(option: &str, value: &str) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// A DC name as Cassandra reports it: any printable text (the snitch takes it verbatim).
+fn valid_datacenter(dc: &str) -> bool {
+    !dc.is_empty() && dc.len() <= 128 && dc.trim() == dc && !dc.chars().any(char::is_control)
 }
 
 #[cfg(test)]

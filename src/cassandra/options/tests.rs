@@ -163,3 +163,26 @@ fn credentials_reject_unknown_fields() {
     assert!(typo.is_err(), "a misspelt password must not be ignored");
     toml::from_str::<Credentials>("username = \"u\"\npassword = \"p\"").unwrap();
 }
+
+#[test]
+fn local_quorum_needs_a_local_datacenter_and_names_it() {
+    let o = CassandraClusteringOptions::new("ks", "svc", "c").consistency(ConsistencyProfile::LocalQuorum);
+    assert_eq!(option_of(o.clone().validate()), "local_datacenter");
+    o.clone().local_datacenter("dc1").validate().unwrap();
+    for bad in ["", " dc1", "dc\n1"] {
+        assert_eq!(
+            option_of(o.clone().local_datacenter(bad).validate()),
+            "local_datacenter",
+            "{bad:?}"
+        );
+    }
+    // `quorum` takes one as the DC tried first; without one it is as before.
+    CassandraClusteringOptions::new("ks", "svc", "c")
+        .local_datacenter("dc2")
+        .validate()
+        .unwrap();
+    let o: CassandraClusteringOptions =
+        toml::from_str("consistency = \"local_quorum\"\nlocal_datacenter = \"eu-west\"").unwrap();
+    assert_eq!(o.local_datacenter.as_deref(), Some("eu-west"));
+    o.validate().unwrap();
+}

@@ -1,0 +1,1 @@
+//! A DC down: local_quorum keeps working, quorum answers Unavailable.

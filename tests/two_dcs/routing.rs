@@ -1,0 +1,1 @@
+//! Every statement coordinated in the local DC (server-side tracing).
