@@ -20,6 +20,7 @@
 
 mod bind;
 mod cleanup;
+mod datacenter;
 mod decode;
 mod errors;
 mod etags;
@@ -95,6 +96,8 @@ struct Shared {
     host_session: bool,
     options: CassandraClusteringOptions,
     qualified: String,
+    /// The profile every statement carries when `local_datacenter` is set (datacenter.rs).
+    routing: Option<scylla::client::execution_profile::ExecutionProfileHandle>,
     statements: OnceCell<Statements>,
     counters: Counters,
 }
@@ -204,12 +207,14 @@ impl CassandraMembershipTable {
         options.validate()?;
         let cluster_id = options.cluster_id.clone();
         let qualified = qualified(&options.keyspace, &options.table);
+        let routing = datacenter::routing_profile(&options);
         Ok(CassandraMembershipTable {
             shared: Arc::new(Shared {
                 session,
                 host_session,
                 options,
                 qualified,
+                routing,
                 statements: OnceCell::new(),
                 counters: Counters::default(),
             }),
@@ -268,6 +273,7 @@ impl CassandraMembershipTable {
                     self.session(),
                     &self.shared.qualified,
                     o.consistency,
+                    self.shared.routing.as_ref(),
                     o.request_timeout,
                     o.page_size,
                 )

@@ -120,6 +120,7 @@ impl CassandraMembershipTable {
                 ),
             });
         }
+        self.check_local_datacenter().await?;
         if self.table_settings().await?.is_none() {
             let ddl = create_table_cql(
                 &self.shared.qualified,
@@ -195,6 +196,7 @@ impl CassandraMembershipTable {
     > {
         let mut statement = scylla::statement::unprepared::Statement::new(cql);
         statement.set_request_timeout(Some(limit));
+        statement.set_execution_profile_handle(self.shared.routing.clone());
         tokio::time::timeout(limit, self.session().query_unpaged(statement, values))
             .await
             .unwrap_or(Err(scylla::errors::ExecutionError::RequestTimeout(limit)))

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use scylla::client::execution_profile::ExecutionProfileHandle;
 use scylla::client::session::Session;
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
@@ -139,6 +140,7 @@ pub(crate) struct Statements {
     /// Every partition key of the table (commit level, paged): the operators' cluster listing.
     pub(crate) list_clusters: PreparedStatement,
     profile: ConsistencyProfile,
+    routing: Option<ExecutionProfileHandle>,
 }
 
 impl std::fmt::Debug for Statements {
@@ -154,6 +156,7 @@ impl Statements {
         session: &Session,
         qualified_table: &str,
         profile: ConsistencyProfile,
+        routing: Option<&ExecutionProfileHandle>,
         request_timeout: std::time::Duration,
         page_size: u32,
     ) -> Result<Statements, PrepareFailure> {
@@ -168,6 +171,8 @@ impl Statements {
                 p.set_consistency(read_level);
                 p.set_serial_consistency(Some(serial));
                 p.set_request_timeout(Some(request_timeout));
+                // Routing is the statement's, not the session's: see datacenter.rs.
+                p.set_execution_profile_handle(routing.cloned());
                 // Conditional writes are never idempotent: a retry could apply twice.
                 p.set_is_idempotent(false);
                 p.set_retry_policy(Some(retry_policy(StatementKind::Conditional)));
@@ -199,13 +204,24 @@ impl Statements {
             delete_heartbeat_before,
             delete_entry: prep(DELETE_ENTRY, commit).await?,
             delete_empty_row: prep(DELETE_EMPTY_ROW, commit).await?,
-            insert_batch: batch(profile, request_timeout, [&insert_entry, &write_version]),
-            update_batch: batch(profile, request_timeout, [&update_entry, &write_version]),
+            insert_batch: batch(
+                profile,
+                routing,
+                request_timeout,
+                [&insert_entry, &write_version],
+            ),
+            update_batch: batch(
+                profile,
+                routing,
+                request_timeout,
+                [&update_entry, &write_version],
+            ),
             delete_row: prep(DELETE_ROW, commit).await?,
             delete_statics: prep(DELETE_STATICS, commit).await?,
             write_version: write_version.clone(),
             patch_batch: batch(
                 profile,
+                routing,
                 request_timeout,
                 [&rewrite_entry, &update_entry, &write_version],
             ),
@@ -226,6 +242,7 @@ impl Statements {
             read_version_ttl: idempotent(prep(READ_VERSION_TTL, commit).await?),
             list_clusters: idempotent(prep(LIST_CLUSTERS, commit).await?),
             profile,
+            routing: routing.cloned(),
         })
     }
 
@@ -235,7 +252,12 @@ impl Statements {
         statements: impl IntoIterator<Item = &'a PreparedStatement>,
         request_timeout: std::time::Duration,
     ) -> Batch {
-        batch(self.profile, request_timeout, statements)
+        batch(
+            self.profile,
+            self.routing.as_ref(),
+            request_timeout,
+            statements,
+        )
     }
 }
 
@@ -272,6 +294,7 @@ fn levels(profile: ConsistencyProfile) -> (Consistency, SerialConsistency) {
 
 fn batch<'a>(
     profile: ConsistencyProfile,
+    routing: Option<&ExecutionProfileHandle>,
     request_timeout: std::time::Duration,
     statements: impl IntoIterator<Item = &'a PreparedStatement>,
 ) -> Batch {
@@ -283,6 +306,7 @@ fn batch<'a>(
     b.set_consistency(commit);
     b.set_serial_consistency(Some(serial));
     b.set_request_timeout(Some(request_timeout));
+    b.set_execution_profile_handle(routing.cloned());
     b.set_is_idempotent(false);
     // A batch's own policy, not its statements', decides its retries.
     b.set_retry_policy(Some(retry_policy(StatementKind::Conditional)));

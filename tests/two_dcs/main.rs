@@ -13,8 +13,7 @@ mod utils;
 use std::sync::Arc;
 
 use cassandra_membership::{
-    CassandraMembershipTable, MembershipEntry, MembershipTable, SiloAddress, SiloStatus,
-    Timestamp,
+    CassandraMembershipTable, MembershipEntry, MembershipTable, SiloAddress, SiloStatus, Timestamp,
 };
 
 use utils::*;

@@ -1,11 +1,13 @@
 //! The two-DC ring's plumbing: its nodes, sessions, the keyspace, options, node signals.
 
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use cassandra_membership::{CassandraClusteringOptions, CassandraMembershipTable, ConsistencyProfile};
+use cassandra_membership::{
+    CassandraClusteringOptions, CassandraMembershipTable, ConsistencyProfile,
+};
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
 use scylla::cluster::{ClusterState, NodeRef};
@@ -129,9 +131,7 @@ impl LoadBalancingPolicy for RoundRobin {
     ) -> FallbackPlan<'a> {
         let nodes = cluster.get_nodes_info();
         let k = self.0.fetch_add(1, Ordering::Relaxed);
-        Box::new(
-            (0..nodes.len()).map(move |i| (&nodes[(k + i) % nodes.len()], None)),
-        )
+        Box::new((0..nodes.len()).map(move |i| (&nodes[(k + i) % nodes.len()], None)))
     }
 
     fn name(&self) -> String {
@@ -212,7 +212,10 @@ pub(crate) async fn heal() {
         if peers == 1 && agreed {
             return;
         }
-        assert!(Instant::now() < deadline, "the ring did not heal within 90 s");
+        assert!(
+            Instant::now() < deadline,
+            "the ring did not heal within 90 s"
+        );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }

@@ -166,7 +166,8 @@ fn credentials_reject_unknown_fields() {
 
 #[test]
 fn local_quorum_needs_a_local_datacenter_and_names_it() {
-    let o = CassandraClusteringOptions::new("ks", "svc", "c").consistency(ConsistencyProfile::LocalQuorum);
+    let o = CassandraClusteringOptions::new("ks", "svc", "c")
+        .consistency(ConsistencyProfile::LocalQuorum);
     assert_eq!(option_of(o.clone().validate()), "local_datacenter");
     o.clone().local_datacenter("dc1").validate().unwrap();
     for bad in ["", " dc1", "dc\n1"] {

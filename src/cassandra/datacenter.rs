@@ -1,0 +1,253 @@
+//! `local_datacenter`: the execution profile every statement carries, and `initialize`'s check that
+//! the cluster and the keyspace know the DC.
+//!
+//! Which DC coordinates a statement decides which DC's replicas run its LOCAL_SERIAL Paxos round:
+//! two silos whose rounds ran in different DCs could both win one compare-and-set. So routing is
+//! not left to the session's default policy (the Rust driver's prefers no DC, and a host's session
+//! handed to `with_session` may do anything): each statement carries the provider's own profile.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use scylla::client::execution_profile::{ExecutionProfile, ExecutionProfileHandle};
+use scylla::policies::load_balancing::DefaultPolicy;
+
+use super::CassandraMembershipTable;
+use super::errors::to_error;
+use super::options::{CassandraClusteringOptions, ConsistencyProfile};
+use crate::error::{MembershipError, Result};
+
+/// The profile for the options' `local_datacenter`, if they name one: token-aware, that DC's
+/// nodes first; with `local_quorum` that DC's nodes only (a LOCAL_* statement coordinated
+/// elsewhere would run in the other DC's quorum). Statement-level settings (consistency, timeout,
+/// retry policy, idempotence) stay on each statement and take precedence over the profile's.
+pub(super) fn routing_profile(
+    options: &CassandraClusteringOptions,
+) -> Option<ExecutionProfileHandle> {
+    let dc = options.local_datacenter.as_ref()?;
+    let policy = DefaultPolicy::builder()
+        .prefer_datacenter(dc.clone())
+        .token_aware(true)
+        .permit_dc_failover(options.consistency == ConsistencyProfile::Quorum)
+        .build();
+    let profile = ExecutionProfile::builder()
+        .load_balancing_policy(policy)
+        .build();
+    Some(profile.into_handle_with_label(format!("cassandra-membership local_datacenter={dc}")))
+}
+
+/// What `initialize` decides from the DCs the driver knows and the keyspace's replication map.
+pub(super) fn check(
+    dc: &str,
+    profile: ConsistencyProfile,
+    known: &BTreeSet<String>,
+    keyspace: &str,
+    replication: &BTreeMap<String, String>,
+    table: &str,
+) -> Result<()> {
+    if !known.contains(dc) {
+        return Err(MembershipError::config(
+            "local_datacenter",
+            format!(
+                "{dc:?}: the cluster has no such data centre (its nodes are in {}); the name is \
+                 as `nodetool status` prints it",
+                list(known.iter())
+            ),
+        ));
+    }
+    let class = replication.get("class").map(String::as_str).unwrap_or("");
+    if class.ends_with("NetworkTopologyStrategy") {
+        let factor = replication.get(dc).and_then(|f| f.parse::<u32>().ok());
+        if factor.unwrap_or(0) == 0 {
+            let dcs = replication
+                .iter()
+                .filter(|(k, _)| k.as_str() != "class")
+                .map(|(k, v)| format!("{k}: {v}"));
+            return Err(MembershipError::SchemaMismatch {
+                table: table.to_owned(),
+                detail: format!(
+                    "keyspace {keyspace:?} keeps no replica in local_datacenter {dc:?} (it replicates \
+                     to {}): ALTER KEYSPACE to replicate to {dc:?}, or name one of those DCs",
+                    list(dcs)
+                ),
+            });
+        }
+        return Ok(());
+    }
+    // SimpleStrategy places replicas without regard to DC: LOCAL_QUORUM in one DC of several
+    // is then a quorum of whichever replicas happen to be there.
+    let single_dc = known.len() == 1;
+    if profile == ConsistencyProfile::LocalQuorum && !single_dc {
+        return Err(MembershipError::SchemaMismatch {
+            table: table.to_owned(),
+            detail: format!(
+                "keyspace {keyspace:?} uses {class}, which places replicas regardless of data \
+                 centre, on a cluster with data centres {}: consistency = \"local_quorum\" with \
+                 local_datacenter {dc:?} needs NetworkTopologyStrategy naming {dc:?}",
+                list(known.iter())
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn list(items: impl Iterator<Item = impl std::fmt::Display>) -> String {
+    let items: Vec<String> = items.map(|i| i.to_string()).collect();
+    if items.is_empty() {
+        "none known".into()
+    } else {
+        items.join(", ")
+    }
+}
+
+impl CassandraMembershipTable {
+    /// Checks `local_datacenter` against the cluster and the keyspace (a keyspace that exists).
+    pub(super) async fn check_local_datacenter(&self) -> Result<()> {
+        let o = self.options();
+        let Some(dc) = &o.local_datacenter else {
+            return Ok(());
+        };
+        let known: BTreeSet<String> = self
+            .session()
+            .get_cluster_state()
+            .get_nodes_info()
+            .iter()
+            .filter_map(|n| n.datacenter.clone())
+            .collect();
+        let rows = self
+            .query_bounded(
+                "SELECT replication FROM system_schema.keyspaces WHERE keyspace_name = ?",
+                (&o.keyspace,),
+            )
+            .await
+            .map_err(|e| to_error("initialize", e))?
+            .into_rows_result()
+            .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?;
+        let replication = rows
+            .maybe_first_row::<(BTreeMap<String, String>,)>()
+            .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?
+            .map(|(r,)| r)
+            .unwrap_or_default();
+        check(
+            dc,
+            o.consistency,
+            &known,
+            &o.keyspace,
+            &replication,
+            &self.shared.qualified,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect()
+    }
+
+    fn dcs(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|n| (*n).into()).collect()
+    }
+
+    const NTS: &str = "org.apache.cassandra.locator.NetworkTopologyStrategy";
+    const SIMPLE: &str = "org.apache.cassandra.locator.SimpleStrategy";
+
+    #[test]
+    fn a_dc_the_cluster_does_not_know_is_named_with_those_it_knows() {
+        let e = check(
+            "dc3",
+            ConsistencyProfile::LocalQuorum,
+            &dcs(&["dc1", "dc2"]),
+            "ks",
+            &map(&[("class", NTS), ("dc1", "1")]),
+            "\"ks\".\"t\"",
+        )
+        .unwrap_err();
+        let text = e.to_string();
+        assert!(
+            matches!(e, MembershipError::InvalidConfiguration { .. }),
+            "{e:?}"
+        );
+        assert!(text.contains("dc3") && text.contains("dc1, dc2"), "{text}");
+    }
+
+    #[test]
+    fn a_keyspace_without_a_replica_in_the_dc_is_a_schema_mismatch_naming_both() {
+        for factor in [None, Some("0")] {
+            let mut replication = map(&[("class", NTS), ("dc2", "3")]);
+            if let Some(f) = factor {
+                replication.insert("dc1".into(), f.into());
+            }
+            let e = check(
+                "dc1",
+                ConsistencyProfile::Quorum,
+                &dcs(&["dc1", "dc2"]),
+                "ks",
+                &replication,
+                "\"ks\".\"t\"",
+            )
+            .unwrap_err();
+            let text = e.to_string();
+            assert!(matches!(e, MembershipError::SchemaMismatch { .. }), "{e:?}");
+            assert!(
+                text.contains("\"dc1\"") && text.contains("dc2: 3"),
+                "{text}"
+            );
+        }
+        check(
+            "dc1",
+            ConsistencyProfile::LocalQuorum,
+            &dcs(&["dc1", "dc2"]),
+            "ks",
+            &map(&[("class", NTS), ("dc1", "3"), ("dc2", "3")]),
+            "t",
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn simple_strategy_serves_local_quorum_in_a_single_dc_only() {
+        let simple = map(&[("class", SIMPLE), ("replication_factor", "1")]);
+        check(
+            "datacenter1",
+            ConsistencyProfile::LocalQuorum,
+            &dcs(&["datacenter1"]),
+            "ks",
+            &simple,
+            "t",
+        )
+        .unwrap();
+        let e = check(
+            "dc1",
+            ConsistencyProfile::LocalQuorum,
+            &dcs(&["dc1", "dc2"]),
+            "ks",
+            &simple,
+            "t",
+        )
+        .unwrap_err();
+        assert!(matches!(e, MembershipError::SchemaMismatch { .. }), "{e:?}");
+        assert!(e.to_string().contains("NetworkTopologyStrategy"), "{e}");
+        // `quorum` is a quorum of all replicas wherever they are: still correct.
+        check(
+            "dc1",
+            ConsistencyProfile::Quorum,
+            &dcs(&["dc1", "dc2"]),
+            "ks",
+            &simple,
+            "t",
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn the_profile_exists_only_for_a_named_dc() {
+        let o = CassandraClusteringOptions::new("ks", "s", "c");
+        assert!(routing_profile(&o).is_none());
+        assert!(routing_profile(&o.local_datacenter("dc1")).is_some());
+    }
+}
