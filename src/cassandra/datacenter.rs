@@ -35,15 +35,8 @@ pub(super) fn routing_profile(
     Some(profile.into_handle_with_label(format!("cassandra-membership local_datacenter={dc}")))
 }
 
-/// What `initialize` decides from the DCs the driver knows and the keyspace's replication map.
-pub(super) fn check(
-    dc: &str,
-    profile: ConsistencyProfile,
-    known: &BTreeSet<String>,
-    keyspace: &str,
-    replication: &BTreeMap<String, String>,
-    table: &str,
-) -> Result<()> {
+/// The DC must be one the driver knows: with `local_quorum` no statement could be sent otherwise.
+pub(super) fn check_known(dc: &str, known: &BTreeSet<String>) -> Result<()> {
     if !known.contains(dc) {
         return Err(MembershipError::config(
             "local_datacenter",
@@ -54,6 +47,18 @@ pub(super) fn check(
             ),
         ));
     }
+    Ok(())
+}
+
+/// What `initialize` decides from the keyspace's replication map (the DC being known).
+pub(super) fn check_replication(
+    dc: &str,
+    profile: ConsistencyProfile,
+    known: &BTreeSet<String>,
+    keyspace: &str,
+    replication: &BTreeMap<String, String>,
+    table: &str,
+) -> Result<()> {
     let class = replication.get("class").map(String::as_str).unwrap_or("");
     if class.ends_with("NetworkTopologyStrategy") {
         let factor = replication.get(dc).and_then(|f| f.parse::<u32>().ok());
@@ -100,19 +105,32 @@ fn list(items: impl Iterator<Item = impl std::fmt::Display>) -> String {
 }
 
 impl CassandraMembershipTable {
-    /// Checks `local_datacenter` against the cluster and the keyspace (a keyspace that exists).
+    /// The DCs of the nodes the driver knows.
+    fn known_datacenters(&self) -> BTreeSet<String> {
+        self.session()
+            .get_cluster_state()
+            .get_nodes_info()
+            .iter()
+            .filter_map(|n| n.datacenter.clone())
+            .collect()
+    }
+
+    /// Checks `local_datacenter` against the driver's metadata, before anything is sent (with a DC
+    /// it does not know, a `local_quorum` statement has no node to go to).
+    pub(super) fn check_datacenter_known(&self) -> Result<()> {
+        match &self.options().local_datacenter {
+            Some(dc) => check_known(dc, &self.known_datacenters()),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks `local_datacenter` against the keyspace's replication (a keyspace that exists).
     pub(super) async fn check_local_datacenter(&self) -> Result<()> {
         let o = self.options();
         let Some(dc) = &o.local_datacenter else {
             return Ok(());
         };
-        let known: BTreeSet<String> = self
-            .session()
-            .get_cluster_state()
-            .get_nodes_info()
-            .iter()
-            .filter_map(|n| n.datacenter.clone())
-            .collect();
+        let known = self.known_datacenters();
         let rows = self
             .query_bounded(
                 "SELECT replication FROM system_schema.keyspaces WHERE keyspace_name = ?",
@@ -127,7 +145,7 @@ impl CassandraMembershipTable {
             .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?
             .map(|(r,)| r)
             .unwrap_or_default();
-        check(
+        check_replication(
             dc,
             o.consistency,
             &known,
@@ -158,15 +176,7 @@ mod tests {
 
     #[test]
     fn a_dc_the_cluster_does_not_know_is_named_with_those_it_knows() {
-        let e = check(
-            "dc3",
-            ConsistencyProfile::LocalQuorum,
-            &dcs(&["dc1", "dc2"]),
-            "ks",
-            &map(&[("class", NTS), ("dc1", "1")]),
-            "\"ks\".\"t\"",
-        )
-        .unwrap_err();
+        let e = check_known("dc3", &dcs(&["dc1", "dc2"])).unwrap_err();
         let text = e.to_string();
         assert!(
             matches!(e, MembershipError::InvalidConfiguration { .. }),
@@ -182,7 +192,7 @@ mod tests {
             if let Some(f) = factor {
                 replication.insert("dc1".into(), f.into());
             }
-            let e = check(
+            let e = check_replication(
                 "dc1",
                 ConsistencyProfile::Quorum,
                 &dcs(&["dc1", "dc2"]),
@@ -198,7 +208,7 @@ mod tests {
                 "{text}"
             );
         }
-        check(
+        check_replication(
             "dc1",
             ConsistencyProfile::LocalQuorum,
             &dcs(&["dc1", "dc2"]),
@@ -212,7 +222,7 @@ mod tests {
     #[test]
     fn simple_strategy_serves_local_quorum_in_a_single_dc_only() {
         let simple = map(&[("class", SIMPLE), ("replication_factor", "1")]);
-        check(
+        check_replication(
             "datacenter1",
             ConsistencyProfile::LocalQuorum,
             &dcs(&["datacenter1"]),
@@ -221,7 +231,7 @@ mod tests {
             "t",
         )
         .unwrap();
-        let e = check(
+        let e = check_replication(
             "dc1",
             ConsistencyProfile::LocalQuorum,
             &dcs(&["dc1", "dc2"]),
@@ -233,7 +243,7 @@ mod tests {
         assert!(matches!(e, MembershipError::SchemaMismatch { .. }), "{e:?}");
         assert!(e.to_string().contains("NetworkTopologyStrategy"), "{e}");
         // `quorum` is a quorum of all replicas wherever they are: still correct.
-        check(
+        check_replication(
             "dc1",
             ConsistencyProfile::Quorum,
             &dcs(&["dc1", "dc2"]),

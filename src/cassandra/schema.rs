@@ -105,6 +105,7 @@ impl CassandraMembershipTable {
 
     async fn ensure_schema(&self) -> Result<()> {
         let o = self.options();
+        self.check_datacenter_known()?;
         if let Some(replication) = &o.create_keyspace_with_replication {
             self.schema_change(create_keyspace_cql(&o.keyspace, replication))
                 .await?;
