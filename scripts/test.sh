@@ -81,6 +81,7 @@ docker_start() {
 started_here=0
 secure_started_here=0
 older_started_here=0
+dcs_started_here=0
 ring_started_here=0
 ring_nodes=
 cleanup() {
@@ -90,6 +91,10 @@ cleanup() {
   fi
   if [ "$secure_started_here" = 1 ] && [ -z "${KEEP_CASSANDRA:-}" ]; then scripts/cassandra.sh stop 9; fi
   if [ "$older_started_here" = 1 ] && [ -z "${KEEP_CASSANDRA:-}" ]; then scripts/cassandra.sh stop 5; fi
+  if [ "$dcs_started_here" = 1 ] && [ -z "${KEEP_CASSANDRA:-}" ]; then
+    scripts/cassandra.sh stop 6
+    scripts/cassandra.sh stop 7
+  fi
   if [ -n "$docker_id" ] && [ "$rc" != 0 ]; then
     printf '[test.sh] failed; the last lines of the %s container log:\n' "$backend" >&2
     compose logs --tail 60 "$backend" >&2 || true
@@ -187,6 +192,28 @@ for release in ${CASSANDRA_OLDER_RELEASES-4.0.19 4.1.10}; do
   scripts/cassandra.sh stop 5
   older_started_here=0
 done
+step "two data centres: dc1 on 127.0.0.6, dc2 on 127.0.0.7, keyspaces replicated once to each"
+# Apache Cassandra 5.0 from Maven whatever the main stage's runtime (like the TLS node).
+for i in 6 7; do
+  if (exec 3<>"/dev/tcp/127.0.0.$i/9042") 2>/dev/null; then
+    die "a node this script did not start answers on 127.0.0.$i:9042: stop it (the two-DC ring runs there)"
+  fi
+done
+dcs_started_here=1
+# The heap also for the nodes the outage tests restart.
+export CASSANDRA_HEAP=768M
+CASSANDRA_FIRST_NODE=6 scripts/cassandra.sh start-dcs dc1 dc2
+# local_datacenter honoured by every statement (server-side tracing), the race of one DC's silos,
+# initialize's checks, and dc2 down (local_quorum keeps working, quorum answers typed errors).
+CASSANDRA_FIRST_NODE=6 cargo test --test two_dcs -- --test-threads 1 --nocapture
+# dc2 down: the contract, TTL expiry and the runtime, for clusters of dc1 on local_quorum.
+scripts/cassandra.sh kill 7
+CASSANDRA_BACKEND=cassandra CASSANDRA_CONTACT_POINTS=127.0.0.6:9042,127.0.0.7:9042 CASSANDRA_LOCAL_DC=dc1 \
+  CASSANDRA_DC_REPLICATION=dc1:1,dc2:1 cargo test --test cassandra -- conformance:: expiry::contract:: runtime::
+unset CASSANDRA_HEAP
+scripts/cassandra.sh stop 6
+scripts/cassandra.sh stop 7
+dcs_started_here=0
 step "three nodes, replication factor 3: the contract, then the fault suite"
 # 127.0.0.1–3 as the README says; with Docker the compose node holds port 9042 on every address,
 # so the ring moves to 127.0.0.4–6 (CASSANDRA_RING_FIRST_NODE chooses).

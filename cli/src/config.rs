@@ -79,6 +79,7 @@ pub(crate) struct Overrides {
     pub(crate) service: Option<String>,
     pub(crate) cluster: Option<String>,
     pub(crate) consistency: Option<ConsistencyProfile>,
+    pub(crate) local_datacenter: Option<String>,
     pub(crate) request_timeout: Option<Duration>,
     pub(crate) connect_timeout: Option<Duration>,
     pub(crate) ttl: Option<bool>,
@@ -125,6 +126,7 @@ pub(crate) fn resolve(
         service,
         cluster,
         consistency,
+        local_datacenter,
         request_timeout,
         connect_timeout,
         ttl,
@@ -146,6 +148,9 @@ pub(crate) fn resolve(
     }
     if let Some(c) = consistency {
         o.consistency = c;
+    }
+    if let Some(dc) = local_datacenter {
+        o.local_datacenter = Some(dc);
     }
     if let Some(t) = request_timeout {
         o.request_timeout = t;
@@ -261,6 +266,29 @@ mod tests {
         assert_eq!(o.table, "t2");
         assert!(o.ttl);
         assert_eq!(o.cluster_id, "default");
+    }
+
+    #[test]
+    fn local_datacenter_comes_from_the_flag_and_local_quorum_requires_it() {
+        let local = Overrides {
+            consistency: Some(ConsistencyProfile::LocalQuorum),
+            ..Overrides::default()
+        };
+        let e = resolve(None, local, no_env).unwrap_err();
+        assert_eq!(e.exit_code(), EXIT_USAGE);
+        assert!(e.to_string().contains("local_datacenter"), "{e}");
+        let o = resolve(
+            None,
+            Overrides {
+                consistency: Some(ConsistencyProfile::LocalQuorum),
+                local_datacenter: Some("dc1".into()),
+                ..Overrides::default()
+            },
+            no_env,
+        )
+        .unwrap()
+        .options;
+        assert_eq!(o.local_datacenter.as_deref(), Some("dc1"));
     }
 
     #[test]

@@ -70,6 +70,10 @@ struct Cli {
         value_enum
     )]
     consistency: Option<Consistency>,
+    /// The data centre that coordinates every statement (required with local-quorum; with
+    /// quorum, tried first): the name `nodetool status` prints, e.g. dc1.
+    #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_LOCAL_DATACENTER")]
+    local_datacenter: Option<String>,
     /// Per-statement timeout ("10s").
     #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_REQUEST_TIMEOUT", value_parser = humantime::parse_duration)]
     request_timeout: Option<Duration>,
@@ -183,6 +187,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 Consistency::Quorum => ConsistencyProfile::Quorum,
                 Consistency::LocalQuorum => ConsistencyProfile::LocalQuorum,
             }),
+            local_datacenter: cli.local_datacenter,
             request_timeout: cli.request_timeout,
             connect_timeout: cli.connect_timeout,
             ttl: cli.ttl,

@@ -627,6 +627,51 @@ fn a_wrong_keyspace_or_table_is_a_configuration_error_exit_2() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn local_datacenter_pins_the_commands_to_a_dc_and_an_unknown_one_is_exit_2() {
+    let table = unique_table();
+    let t = cluster(&table, "dc-pinned", false).await;
+    three_entries(&t).await;
+    // One node under SimpleSnitch: its DC is `datacenter1`.
+    let report = json(
+        cli(&table)
+            .args(["--cluster", "dc-pinned", "--consistency", "local-quorum"])
+            .args(["--local-datacenter", "datacenter1", "--json", "members"]),
+    );
+    assert_eq!(
+        report["members"].as_array().map(Vec::len),
+        Some(3),
+        "{report}"
+    );
+    let out = cli(&table)
+        .args(["--cluster", "dc-pinned", "--consistency", "local-quorum"])
+        .env("CASSANDRA_MEMBERSHIP_LOCAL_DATACENTER", "dc9")
+        .arg("members")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        stderr.contains("local_datacenter")
+            && stderr.contains("dc9")
+            && stderr.contains("datacenter1"),
+        "{stderr}"
+    );
+    // Without one, local-quorum is refused before connecting.
+    let out = cli(&table)
+        .args([
+            "--cluster",
+            "dc-pinned",
+            "--consistency",
+            "local-quorum",
+            "members",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    drop_table(&t).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn clusters_exits_1_when_a_cluster_cannot_be_read_and_still_prints_the_others() {
     let table = unique_table();
     let blue = cluster(&table, "blue", false).await;

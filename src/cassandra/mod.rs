@@ -269,6 +269,8 @@ impl CassandraMembershipTable {
             .statements
             .get_or_try_init(|| async {
                 let o = self.options();
+                // Every first operation of a table value, `initialize` or not (the CLI's).
+                self.check_datacenter_known()?;
                 Statements::prepare(
                     self.session(),
                     &self.shared.qualified,

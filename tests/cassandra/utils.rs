@@ -51,10 +51,30 @@ pub(crate) fn backend() -> Backend {
     }
 }
 
+/// `CASSANDRA_LOCAL_DC`: on a multi-DC ring, the DC the tests' clusters live in. Their tables use
+/// `local_quorum` with it as `local_datacenter`, and the tests' own sessions prefer it (a raw
+/// read coordinated in another DC could miss what LOCAL_QUORUM wrote).
+pub(crate) fn local_dc() -> Option<String> {
+    std::env::var("CASSANDRA_LOCAL_DC")
+        .ok()
+        .filter(|d| !d.is_empty())
+}
+
 /// A new session. Panics with instructions when no node answers: these tests never skip.
 pub(crate) async fn session() -> Arc<Session> {
     let points = contact_points();
-    match SessionBuilder::new()
+    let mut builder = SessionBuilder::new();
+    if let Some(dc) = local_dc() {
+        let policy = scylla::policies::load_balancing::DefaultPolicy::builder()
+            .prefer_datacenter(dc)
+            .permit_dc_failover(false)
+            .build();
+        let profile = scylla::client::execution_profile::ExecutionProfile::builder()
+            .load_balancing_policy(policy)
+            .build();
+        builder = builder.default_execution_profile_handle(profile.into_handle());
+    }
+    match builder
         .known_nodes(&points)
         .connection_timeout(Duration::from_secs(5))
         .build()
@@ -78,6 +98,28 @@ pub(crate) fn replication_factor() -> u32 {
         .unwrap_or(1)
 }
 
+/// The test keyspace's replication: `CASSANDRA_DC_REPLICATION` (`dc1:1,dc2:1`, a multi-DC ring)
+/// as NetworkTopologyStrategy, else SimpleStrategy with [`replication_factor`].
+fn replication() -> String {
+    match std::env::var("CASSANDRA_DC_REPLICATION") {
+        Ok(dcs) if !dcs.is_empty() => {
+            let mut map = String::from("'class': 'NetworkTopologyStrategy'");
+            for pair in dcs.split(',') {
+                let (dc, factor) = pair
+                    .split_once(':')
+                    .unwrap_or_else(|| panic!("CASSANDRA_DC_REPLICATION={dcs:?}: dc:factor,..."));
+                let factor: u32 = factor.trim().parse().expect("a replication factor");
+                map.push_str(&format!(", '{}': {factor}", dc.trim()));
+            }
+            map
+        }
+        _ => format!(
+            "'class': 'SimpleStrategy', 'replication_factor': {}",
+            replication_factor()
+        ),
+    }
+}
+
 /// A session with the test keyspace created.
 pub(crate) async fn session_with_keyspace() -> Arc<Session> {
     let s = session().await;
@@ -88,9 +130,8 @@ pub(crate) async fn session_with_keyspace() -> Arc<Session> {
                 .await
                 .expect("drop the previous run's keyspace");
             let cql = format!(
-                "CREATE KEYSPACE IF NOT EXISTS {KEYSPACE} WITH replication = \
-                 {{'class': 'SimpleStrategy', 'replication_factor': {}}}",
-                replication_factor()
+                "CREATE KEYSPACE IF NOT EXISTS {KEYSPACE} WITH replication = {{{}}}",
+                replication()
             );
             s.query_unpaged(cql, ())
                 .await
@@ -108,8 +149,14 @@ pub(crate) fn unique(prefix: &str) -> String {
 
 /// Options for a unique cluster in the shared test table.
 pub(crate) fn options(cluster_id: &str) -> CassandraClusteringOptions {
-    CassandraClusteringOptions::new(KEYSPACE, "test-service", cluster_id)
-        .contact_points(contact_points())
+    let o = CassandraClusteringOptions::new(KEYSPACE, "test-service", cluster_id)
+        .contact_points(contact_points());
+    match local_dc() {
+        Some(dc) => o
+            .consistency(cassandra_membership::ConsistencyProfile::LocalQuorum)
+            .local_datacenter(dc),
+        None => o,
+    }
 }
 
 /// An uninitialized table for `cluster_id` on `session`.

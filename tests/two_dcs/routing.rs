@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cassandra_membership::{
-    CassandraClusteringOptions, CassandraMembershipTable, ConsistencyProfile, MembershipEntry,
-    MembershipError, MembershipTable, SiloAddress, SiloStatus, Timestamp,
+    CassandraClusteringOptions, CassandraMembershipTable, ConsistencyProfile, MembershipError,
+    MembershipTable,
 };
 
 use crate::utils::*;
@@ -32,34 +32,6 @@ impl Drop for Tracing {
             script(&["nodetool", &node.to_string(), "settraceprobability", "0"]);
         }
     }
-}
-
-/// Every operation of the contract once, on a table with expiry on (its TTL reads too).
-async fn every_operation(table: &CassandraMembershipTable, cluster: &str) {
-    table.initialize(true).await.expect("initialize");
-    let address = SiloAddress::new(std::net::SocketAddr::from(([10, 2, 0, 1], 11111)), 7).unwrap();
-    let mut entry = MembershipEntry::new(address.clone(), SiloStatus::Joining, Timestamp::now());
-    let v = table.read_all().await.expect("read_all").version;
-    assert!(table.insert_row(&entry, &v.next()).await.expect("insert"));
-    table
-        .update_i_am_alive(&address, Timestamp::now())
-        .await
-        .expect("heartbeat");
-    let snapshot = table.read_row(&address).await.expect("read_row");
-    let row = snapshot.rows.first().expect("the row").clone();
-    entry.status = SiloStatus::Dead;
-    assert!(
-        table
-            .update_row(&entry, &row.etag, &snapshot.version.next())
-            .await
-            .expect("update")
-    );
-    let removed = table
-        .cleanup_defunct(Timestamp::now().saturating_add(Duration::from_secs(60)))
-        .await
-        .expect("cleanup");
-    assert_eq!(removed, 1, "cleanup removed the Dead entry");
-    table.delete_cluster(cluster).await.expect("delete_cluster");
 }
 
 /// (coordinator, request, query) of each traced request since `since` that names `table` or is a

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use cassandra_membership::{
-    CassandraClusteringOptions, CassandraMembershipTable, ConsistencyProfile,
+    CassandraClusteringOptions, CassandraMembershipTable, ConsistencyProfile, MembershipEntry,
+    MembershipTable, SiloAddress, SiloStatus, Timestamp,
 };
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
@@ -218,4 +219,58 @@ pub(crate) async fn heal() {
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// Kills dc2's node and waits until dc1's node has marked it down (then a coordinator answers
+/// `Unavailable` at once instead of waiting for a replica that never answers).
+pub(crate) async fn kill_dc2() {
+    script(&["kill", &dc2_node().to_string()]);
+    let down = format!("DN  {}", address(dc2_node()));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = Command::new("bash")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cassandra.sh"))
+            .args(["nodetool", &dc1_node().to_string(), "status"])
+            .output()
+            .expect("run nodetool status");
+        if String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l.starts_with(&down))
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "dc1's node did not mark dc2's down within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Every operation of the contract once, on a table with expiry on (its TTL reads too).
+pub(crate) async fn every_operation(table: &CassandraMembershipTable, cluster: &str) {
+    table.initialize(true).await.expect("initialize");
+    let address = SiloAddress::new(std::net::SocketAddr::from(([10, 2, 0, 1], 11111)), 7).unwrap();
+    let mut entry = MembershipEntry::new(address.clone(), SiloStatus::Joining, Timestamp::now());
+    let v = table.read_all().await.expect("read_all").version;
+    assert!(table.insert_row(&entry, &v.next()).await.expect("insert"));
+    table
+        .update_i_am_alive(&address, Timestamp::now())
+        .await
+        .expect("heartbeat");
+    let snapshot = table.read_row(&address).await.expect("read_row");
+    let row = snapshot.rows.first().expect("the row").clone();
+    entry.status = SiloStatus::Dead;
+    assert!(
+        table
+            .update_row(&entry, &row.etag, &snapshot.version.next())
+            .await
+            .expect("update")
+    );
+    let removed = table
+        .cleanup_defunct(Timestamp::now().saturating_add(Duration::from_secs(60)))
+        .await
+        .expect("cleanup");
+    assert_eq!(removed, 1, "cleanup removed the Dead entry");
+    table.delete_cluster(cluster).await.expect("delete_cluster");
 }
