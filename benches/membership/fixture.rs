@@ -24,6 +24,25 @@ pub(crate) fn replication_factor() -> u32 {
         .unwrap_or(1)
 }
 
+/// The bench keyspace's replication: `CASSANDRA_DC_REPLICATION` (`dc1:1,dc2:1`) as
+/// NetworkTopologyStrategy, else SimpleStrategy with [`replication_factor`].
+pub(crate) fn replication() -> String {
+    match std::env::var("CASSANDRA_DC_REPLICATION") {
+        Ok(dcs) if !dcs.is_empty() => {
+            let mut map = String::from("'class': 'NetworkTopologyStrategy'");
+            for pair in dcs.split(',') {
+                let (dc, factor) = pair.split_once(':').unwrap_or((pair, "1"));
+                map.push_str(&format!(", '{}': {}", dc.trim(), factor.trim()));
+            }
+            map
+        }
+        _ => format!(
+            "'class': 'SimpleStrategy', 'replication_factor': {}",
+            replication_factor()
+        ),
+    }
+}
+
 pub(crate) type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 pub(crate) fn address(n: u32, generation: i32) -> SiloAddress {

@@ -13,6 +13,7 @@
 
 mod churn;
 mod contention;
+mod dcs;
 mod fixture;
 mod floor;
 mod heartbeat_cost;
@@ -24,7 +25,7 @@ mod scale;
 
 use cassandra_membership::Timestamp;
 
-use crate::fixture::{KS, Res, replication_factor, session, warm_up};
+use crate::fixture::{KS, Res, replication, replication_factor, session, warm_up};
 use crate::plot::svg;
 use crate::report::Report;
 
@@ -39,7 +40,15 @@ async fn main() -> Res<()> {
     s.query_unpaged(format!("DROP KEYSPACE IF EXISTS {}", *KS), ())
         .await?;
     let rf = replication_factor();
-    s.query_unpaged(format!("CREATE KEYSPACE {} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': {rf}}}", *KS), ()).await?;
+    s.query_unpaged(
+        format!(
+            "CREATE KEYSPACE {} WITH replication = {{{}}}",
+            *KS,
+            replication()
+        ),
+        (),
+    )
+    .await?;
     let mut r = Report::new();
     let version: (String,) = s
         .query_unpaged("SELECT release_version FROM system.local", ())
@@ -117,6 +126,10 @@ async fn main() -> Res<()> {
                 false,
             ),
         )?;
+    }
+    // Needs the two-DC ring (scripts/bench-dcs.sh): only when named.
+    if args.iter().any(|a| a == "dcs") {
+        dcs::run(&mut r).await?;
     }
     if want("peers") {
         let series = peers::run(&s, &mut r).await?;
