@@ -231,7 +231,7 @@ for variant in $ring_variants; do
     CASSANDRA_HEAP=${CASSANDRA_RING_HEAP:-768M} scripts/cassandra.sh start 3
   CASSANDRA_BACKEND=cassandra CASSANDRA_VERSION=$ring_version CASSANDRA_CONTACT_POINTS=$ring CASSANDRA_RF=3 \
     cargo test --test cassandra conformance:: -- --skip conformance::behaves_like_the_sequential_model
-  CASSANDRA_VERSION=$ring_version CASSANDRA_PAXOS_VARIANT=$variant CASSANDRA_FIRST_NODE=$ring_first \
+  CASSANDRA_VERSION=$ring_version CASSANDRA_FIRST_NODE=$ring_first \
     cargo test --test three_nodes -- --test-threads 1 --nocapture
 done
 step "benchmarks compile"
