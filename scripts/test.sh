@@ -192,30 +192,36 @@ for release in ${CASSANDRA_OLDER_RELEASES-4.0.19 4.1.10}; do
   scripts/cassandra.sh stop 5
   older_started_here=0
 done
-step "two data centres: dc1 on 127.0.0.6, dc2 on 127.0.0.7, keyspaces replicated once to each"
-# Apache Cassandra 5.0 from Maven whatever the main stage's runtime (like the TLS node).
-for i in 6 7; do
-  if (exec 3<>"/dev/tcp/127.0.0.$i/9042") 2>/dev/null; then
-    die "a node this script did not start answers on 127.0.0.$i:9042: stop it (the two-DC ring runs there)"
-  fi
-done
-dcs_started_here=1
-# The heap also for the nodes the outage tests restart.
-export CASSANDRA_HEAP=768M
-CASSANDRA_FIRST_NODE=6 scripts/cassandra.sh start-dcs dc1 dc2
-# local_datacenter honoured by every statement (server-side tracing), the race of one DC's silos,
-# initialize's checks, and dc2 down (local_quorum keeps working, quorum answers typed errors).
-CASSANDRA_FIRST_NODE=6 cargo test --test two_dcs -- --test-threads 1 --nocapture
-# dc2 down: the contract, TTL expiry and the runtime, for clusters of dc1 on local_quorum.
-scripts/cassandra.sh kill 7
-CASSANDRA_BACKEND=cassandra CASSANDRA_CONTACT_POINTS=127.0.0.6:9042,127.0.0.7:9042 CASSANDRA_LOCAL_DC=dc1 \
-  CASSANDRA_DC_REPLICATION=dc1:1,dc2:1 cargo test --test cassandra -- conformance:: expiry::contract:: runtime::
-unset CASSANDRA_HEAP
-scripts/cassandra.sh stop 6
-scripts/cassandra.sh stop 7
-dcs_started_here=0
-step "three nodes, replication factor 3: the contract, then the fault suite"
-# 127.0.0.1–3 as the README says; with Docker the compose node holds port 9042 on every address,
+# Apache Cassandra from Maven whatever the main stage's runtime and release (like the TLS node):
+# CASSANDRA_TWO_DCS_VERSION (default 5.0.9; empty skips the stage).
+dcs_version=${CASSANDRA_TWO_DCS_VERSION-5.0.9}
+if [ -z "$dcs_version" ]; then
+  step "two data centres: skipped (CASSANDRA_TWO_DCS_VERSION is empty)"
+else
+  step "two data centres ($dcs_version): dc1 on 127.0.0.6, dc2 on 127.0.0.7, keyspaces replicated once to each"
+  for i in 6 7; do
+    if (exec 3<>"/dev/tcp/127.0.0.$i/9042") 2>/dev/null; then
+      die "a node this script did not start answers on 127.0.0.$i:9042: stop it (the two-DC ring runs there)"
+    fi
+  done
+  dcs_started_here=1
+  CASSANDRA_VERSION=$dcs_version CASSANDRA_PAXOS_VARIANT=v1 CASSANDRA_FIRST_NODE=6 CASSANDRA_HEAP=768M \
+    scripts/cassandra.sh start-dcs dc1 dc2
+  # local_datacenter honoured by every statement (server-side tracing), the race of one DC's silos,
+  # initialize's checks, and dc2 down (local_quorum keeps working, quorum answers typed errors).
+  # The release and heap also for the node the outage test restarts (`cassandra.sh restart`).
+  CASSANDRA_VERSION=$dcs_version CASSANDRA_FIRST_NODE=6 CASSANDRA_HEAP=768M \
+    cargo test --test two_dcs -- --test-threads 1 --nocapture
+  # dc2 down: the contract, TTL expiry and the runtime, for clusters of dc1 on local_quorum.
+  scripts/cassandra.sh kill 7
+  CASSANDRA_BACKEND=cassandra CASSANDRA_VERSION=$dcs_version CASSANDRA_CONTACT_POINTS=127.0.0.6:9042,127.0.0.7:9042 \
+    CASSANDRA_LOCAL_DC=dc1 CASSANDRA_DC_REPLICATION=dc1:1,dc2:1 cargo test --test cassandra -- conformance:: expiry::contract:: runtime::
+  scripts/cassandra.sh stop 6
+  scripts/cassandra.sh stop 7
+  dcs_started_here=0
+fi
+step "three nodes, replication factor 3: the contract, then the fault suite, once per Paxos variant"
+# 127.0.0.1–3 as the README says; with Docker the compose node's ports are published on 127.0.0.1,
 # so the ring moves to 127.0.0.4–6 (CASSANDRA_RING_FIRST_NODE chooses).
 if [ "$runtime" = docker ]; then ring_first=${CASSANDRA_RING_FIRST_NODE:-4}; else ring_first=${CASSANDRA_RING_FIRST_NODE:-1}; fi
 if [ "$ring_first" = 1 ] && [ "$started_here" = 1 ] && [ "$runtime" = maven ]; then
@@ -223,22 +229,44 @@ if [ "$ring_first" = 1 ] && [ "$started_here" = 1 ] && [ "$runtime" = maven ]; t
   scripts/cassandra.sh stop 1
   started_here=0
 fi
-if (exec 3<>"/dev/tcp/127.0.0.$ring_first/9042") 2>/dev/null; then
-  die "a node this script did not start answers on 127.0.0.$ring_first:9042: stop it, or put the ring elsewhere (CASSANDRA_RING_FIRST_NODE=4 uses 127.0.0.4–6)"
-fi
 ring_nodes="$ring_first $((ring_first + 1)) $((ring_first + 2))"
-ring_started_here=1
-CASSANDRA_FIRST_NODE=$ring_first CASSANDRA_HEAP=${CASSANDRA_RING_HEAP:-768M} scripts/cassandra.sh start 3
 ring=$(for i in $ring_nodes; do printf '127.0.0.%s:9042,' "$i"; done)
 ring=${ring%,}
+# Apache Cassandra 5.0.9 whatever the main stage's release (CASSANDRA_VERSION), since Paxos v2
+# needs 4.1 or later; CASSANDRA_RING_VERSION chooses. The fault suite gets it too: its restarts
+# (`scripts/cassandra.sh restart I`) pick the jars by CASSANDRA_VERSION.
+ring_version=${CASSANDRA_RING_VERSION:-5.0.9}
 # The model-based property test compares each concurrent group's answers with the sequential model
 # and so needs definite answers; on a ring, dueling Paxos rounds may honestly answer OutcomeUnknown.
 # Concurrency on the ring is judged by the fault suite's linearizability checker instead, which
 # allows unknown outcomes. Named here, filtered out by cargo, never counted as passed.
 printf '[test.sh] on three nodes, not run: conformance::behaves_like_the_sequential_model (see above)\n'
-CASSANDRA_CONTACT_POINTS=$ring CASSANDRA_RF=3 cargo test --test cassandra conformance:: -- \
-  --skip conformance::behaves_like_the_sequential_model
-CASSANDRA_FIRST_NODE=$ring_first cargo test --test three_nodes -- --test-threads 1 --nocapture
+ring_variants=${CASSANDRA_RING_PAXOS_VARIANTS-v1 v2}
+[ -n "$ring_variants" ] || printf '[test.sh] CASSANDRA_RING_PAXOS_VARIANTS is empty: the three-node stage runs nothing\n'
+for variant in $ring_variants; do
+  case "$variant" in
+    v1 | v2) ;;
+    *) die "CASSANDRA_RING_PAXOS_VARIANTS lists Paxos variants, v1 and/or v2 (it has '$variant')" ;;
+  esac
+  step "three nodes: Apache Cassandra $ring_version, Paxos $variant"
+  # A fresh ring per variant (a fresh start wipes the nodes' data; a node still answering would
+  # be reused with the variant it runs): the previous variant's ring goes first, even with
+  # KEEP_CASSANDRA. The last one is left to the cleanup at exit.
+  if [ "$ring_started_here" = 1 ]; then
+    for i in $ring_nodes; do scripts/cassandra.sh stop "$i"; done
+    ring_started_here=0
+  fi
+  if (exec 3<>"/dev/tcp/127.0.0.$ring_first/9042") 2>/dev/null; then
+    die "a node this script did not start answers on 127.0.0.$ring_first:9042: stop it, or put the ring elsewhere (CASSANDRA_RING_FIRST_NODE=4 uses 127.0.0.4–6)"
+  fi
+  ring_started_here=1
+  CASSANDRA_VERSION=$ring_version CASSANDRA_PAXOS_VARIANT=$variant CASSANDRA_FIRST_NODE=$ring_first \
+    CASSANDRA_HEAP=${CASSANDRA_RING_HEAP:-768M} scripts/cassandra.sh start 3
+  CASSANDRA_BACKEND=cassandra CASSANDRA_VERSION=$ring_version CASSANDRA_CONTACT_POINTS=$ring CASSANDRA_RF=3 \
+    cargo test --test cassandra conformance:: -- --skip conformance::behaves_like_the_sequential_model
+  CASSANDRA_VERSION=$ring_version CASSANDRA_FIRST_NODE=$ring_first \
+    cargo test --test three_nodes -- --test-threads 1 --nocapture
+done
 step "benchmarks compile"
 cargo bench --no-run --quiet
 step "done"

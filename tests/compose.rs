@@ -210,3 +210,71 @@ fn ci_runs_test_sh_on_the_maven_node_and_on_every_compose_service() {
         "CI runs .ci/run, which runs scripts/test.sh"
     );
 }
+
+/// The text between `start` and the next `end` in `script`.
+fn between<'a>(script: &'a str, start: &str, end: char) -> &'a str {
+    let from = script
+        .find(start)
+        .unwrap_or_else(|| panic!("no {start:?} in the script"))
+        + start.len();
+    script[from..].split(end).next().unwrap_or_default()
+}
+
+#[test]
+fn ci_runs_every_release_cassandra_sh_starts_and_the_ring_on_both_paxos_variants() {
+    let cassandra_sh = read("scripts/cassandra.sh");
+    let test_sh = read("scripts/test.sh");
+    // The default release and the older ones test.sh's own stage runs: the supported set.
+    let default_release = between(&cassandra_sh, "version=${CASSANDRA_VERSION:-", '}');
+    let mut releases: BTreeSet<&str> = between(&test_sh, "${CASSANDRA_OLDER_RELEASES-", '}')
+        .split_whitespace()
+        .collect();
+    releases.insert(default_release);
+    let workflow = yaml(".github/workflows/ci.yml");
+    let job = &workflow["jobs"]["test"];
+    for (variable, field) in [
+        ("CASSANDRA_VERSION", "version"),
+        ("CASSANDRA_OLDER_RELEASES", "older_releases"),
+        ("CASSANDRA_RING_PAXOS_VARIANTS", "ring_variants"),
+    ] {
+        assert_eq!(
+            job["env"][variable].as_str(),
+            Some(format!("${{{{ matrix.{field} }}}}").as_str())
+        );
+    }
+    let runs = job["strategy"]["matrix"]["include"]
+        .as_vec()
+        .expect("a matrix of includes");
+    let mut main_releases = BTreeSet::new();
+    let mut ring_variants = BTreeSet::new();
+    for run in runs {
+        // An unset field reads as '' in the workflow, and '' skips a stage: every run says.
+        let field = |key: &str| {
+            run[key]
+                .as_str()
+                .unwrap_or_else(|| panic!("{key} in {run:?}"))
+        };
+        if field("runtime") == "maven" {
+            let version = field("version");
+            main_releases.insert(if version.is_empty() {
+                default_release
+            } else {
+                version
+            });
+        }
+        for release in field("older_releases").split_whitespace() {
+            assert!(releases.contains(release), "older release {release}");
+        }
+        ring_variants.extend(field("ring_variants").split_whitespace());
+    }
+    assert_eq!(
+        main_releases, releases,
+        "a Maven job's main stage on each release"
+    );
+    // Each Paxos variant test.sh's three-node stage runs by default, in some job.
+    let variants: BTreeSet<&str> = between(&test_sh, "${CASSANDRA_RING_PAXOS_VARIANTS-", '}')
+        .split_whitespace()
+        .collect();
+    assert_eq!(variants, BTreeSet::from(["v1", "v2"]));
+    assert_eq!(ring_variants, variants);
+}

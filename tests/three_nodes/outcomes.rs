@@ -7,7 +7,26 @@ use std::time::{Duration, Instant};
 use cassandra_membership::conformance::new_entry;
 use cassandra_membership::{SiloStatus, Timestamp};
 
-use super::{SERIAL, clients, heal, keyspace, node, nodes, unique};
+use super::{SERIAL, clients, heal, keyspace, node, nodes, session, unique};
+
+/// The ring's Paxos variant as the node answering says (`system_views.settings`), not as the
+/// environment claims: the stage runs this on each (an independent suite saw v2 answer
+/// `OutcomeUnknown` for such a loss).
+async fn paxos_variant() -> String {
+    let answer = session()
+        .await
+        .query_unpaged(
+            "SELECT value FROM system_views.settings WHERE name = 'paxos_variant'",
+            (),
+        )
+        .await;
+    answer
+        .ok()
+        .and_then(|r| r.into_rows_result().ok())
+        .and_then(|r| r.maybe_first_row::<(Option<String>,)>().ok().flatten())
+        .and_then(|(v,)| v)
+        .unwrap_or_else(|| "unknown".into())
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_a_node_down_two_updates_racing_at_one_version_have_one_winner_and_a_definite_loser() {
@@ -36,7 +55,7 @@ async fn with_a_node_down_two_updates_racing_at_one_version_have_one_winner_and_
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let (mut unknown, mut rounds) = (0, 0);
+    let (mut unknown, mut rounds) = (Vec::new(), 0);
     for round in 0..20 {
         let s = tables[0].read_all().await.expect("read");
         let writes = [&a, &b].map(|e| {
@@ -64,10 +83,15 @@ async fn with_a_node_down_two_updates_racing_at_one_version_have_one_winner_and_
         let answers = [ra, rb];
         let won = answers.iter().filter(|r| matches!(r, Ok(true))).count();
         let lost = answers.iter().filter(|r| matches!(r, Ok(false))).count();
-        unknown += answers
-            .iter()
-            .filter(|r| r.as_ref().is_err_and(|e| e.is_outcome_unknown()))
-            .count();
+        // With the driver's error under it: which settling step failed (the re-read, the fence)
+        // and what Cassandra said tells a provider defect from a server that did not answer.
+        unknown.extend(answers.iter().filter_map(|r| match r {
+            Err(e) if e.is_outcome_unknown() => Some(format!(
+                "round {round}: {e} ({:?})",
+                std::error::Error::source(e)
+            )),
+            _ => None,
+        }));
         for r in &answers {
             if let Err(e) = r {
                 assert!(
@@ -83,9 +107,16 @@ async fn with_a_node_down_two_updates_racing_at_one_version_have_one_winner_and_
             assert_eq!(lost, 1, "round {round}: the loser's answer: {answers:?}");
         }
     }
-    println!("{rounds} racing rounds with a node down, {unknown} unknown outcomes");
+    let variant = paxos_variant().await;
+    println!(
+        "{rounds} racing rounds with a node down (Paxos {variant}), {} unknown outcomes",
+        unknown.len()
+    );
     // Both writes were conditioned on the same version tag and only one step was taken; the
     // loser's row still carried the tag it expected: a loss the re-read proves.
-    assert_eq!(unknown, 0, "a provable loss answered OutcomeUnknown");
+    assert!(
+        unknown.is_empty(),
+        "a provable loss answered OutcomeUnknown (Paxos {variant}): {unknown:#?}"
+    );
     heal().await;
 }
