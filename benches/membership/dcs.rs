@@ -83,14 +83,14 @@ fn points() -> Vec<String> {
 
 pub(crate) async fn run(r: &mut Report) -> Res<()> {
     let dc = std::env::var("CASSANDRA_LOCAL_DC").unwrap_or_else(|_| "dc1".into());
-    let latency = std::env::var("CM_BENCH_DC_LATENCY").unwrap_or_else(|_| "none".into());
     r.section(
         "Two data centres: latency per consistency profile",
         &format!(
             "Median / p99 (ms) of each operation, {SAMPLES} samples after {WARM_UP} warm-up, cluster of 10 entries, \
              on the two-DC ring (dc1 and dc2, one node each, keyspace {{dc1: 1, dc2: 1}}), `local_datacenter = {dc}`. \
-             One-way delay added to every packet to dc2's node: {latency}. `quorum` needs dc2's replica for every \
-             read, commit and Paxos phase; `local_quorum` only dc1's. \"from dc2\": a silo whose only contact point \
+             Loopback: no WAN between the DCs, so a real deployment adds the inter-DC round trip to each phase \
+             `quorum` makes. `quorum` needs dc2's replica for every read, commit and Paxos phase; `local_quorum` \
+             only dc1's. \"from dc2\": a silo whose only contact point \
              is dc2's node, naming dc1 (its statements still go to dc1's node). An update is its read and its write."
         ),
     );

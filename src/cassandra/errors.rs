@@ -6,6 +6,8 @@ use scylla::errors::{
     MetadataError, NewSessionError, RequestAttemptError,
 };
 
+use scylla::statement::Consistency;
+
 use super::statements::PrepareFailure;
 use crate::error::MembershipError;
 
@@ -13,9 +15,11 @@ use crate::error::MembershipError;
 /// timeouts, broken connections and server-side failures after the request was accepted.
 /// False when it certainly did not apply (refused before any replica acted, or never sent).
 ///
-/// `Unavailable` and `Overloaded` count as ambiguous: Paxos throws `Unavailable` in its commit
-/// phase too, after the proposal was accepted, and Cassandra's write path throws `Overloaded`
-/// (too many hints in flight) after a mutation was sent.
+/// `Unavailable` at the commit level and `Overloaded` count as ambiguous: Paxos throws
+/// `Unavailable` in its commit phase too, after the proposal was accepted (with the commit
+/// consistency, QUORUM / LOCAL_QUORUM), and Cassandra's write path throws `Overloaded` (too many
+/// hints in flight) after a mutation was sent. `Unavailable` at the *serial* level is refused:
+/// see [`refused_before_execution`].
 pub(crate) fn may_have_applied(err: &ExecutionError) -> bool {
     match err {
         ExecutionError::BadQuery(_)
@@ -37,8 +41,21 @@ pub(crate) fn may_have_applied(err: &ExecutionError) -> bool {
 }
 
 /// Errors a coordinator returns before it executes anything.
+///
+/// `Unavailable` at SERIAL / LOCAL_SERIAL is the Paxos liveness check at the start of a round's
+/// attempt, before it proposes. A round tries again (and so checks again) only after every replica
+/// refused its proposal: one accepted anywhere ends the round with a write timeout instead
+/// (Cassandra v1 `proposePaxos(…, timeoutIfPartial)`, v2 "superseded with side effects",
+/// ScyllaDB `timeout_if_partially_accepted`). So that error proves this write never applied,
+/// and never will.
 fn refused_before_execution(db: &DbError) -> bool {
     matches!(
+        db,
+        DbError::Unavailable {
+            consistency: Consistency::Serial | Consistency::LocalSerial,
+            ..
+        }
+    ) || matches!(
         db,
         DbError::IsBootstrapping
             | DbError::SyntaxError
@@ -245,27 +262,50 @@ pub(crate) fn to_error(operation: &'static str, err: ExecutionError) -> Membersh
 pub(super) mod tests {
     use super::*;
     use scylla::errors::BrokenConnectionErrorKind;
-    use scylla::statement::Consistency;
 
     /// A node's refusal `e` (its message does not matter).
     pub(in crate::cassandra) fn db(e: DbError) -> RequestAttemptError {
         RequestAttemptError::DbError(e, "msg".into())
     }
 
+    /// Unavailable at the commit level: what Paxos's commit phase throws after a proposal was
+    /// accepted.
     pub(in crate::cassandra) fn unavailable() -> DbError {
         DbError::Unavailable {
-            consistency: Consistency::Serial,
+            consistency: Consistency::Quorum,
             required: 2,
             alive: 1,
         }
     }
 
     #[test]
-    fn unavailable_may_have_applied_a_conditional_write() {
-        let e = ExecutionError::LastAttemptError(db(unavailable()));
-        assert!(may_have_applied(&e));
+    fn unavailable_at_the_commit_level_may_have_applied_a_conditional_write() {
+        for consistency in [Consistency::Quorum, Consistency::LocalQuorum] {
+            let e = ExecutionError::LastAttemptError(db(DbError::Unavailable {
+                consistency,
+                required: 2,
+                alive: 1,
+            }));
+            assert!(may_have_applied(&e), "{consistency:?}");
+        }
         let refused = ExecutionError::LastAttemptError(db(DbError::Unauthorized));
         assert!(!may_have_applied(&refused));
+    }
+
+    #[test]
+    fn unavailable_at_the_serial_level_is_a_round_that_never_proposed() {
+        for consistency in [Consistency::Serial, Consistency::LocalSerial] {
+            let e = ExecutionError::LastAttemptError(db(DbError::Unavailable {
+                consistency,
+                required: 2,
+                alive: 1,
+            }));
+            assert!(!may_have_applied(&e), "{consistency:?}");
+            assert!(matches!(
+                to_error("insert_row", e),
+                MembershipError::Unavailable { .. }
+            ));
+        }
     }
 
     #[test]

@@ -35,9 +35,12 @@ fn applied_reply() -> Condition {
     Condition::BodyContainsCaseSensitive(b"[applied]".to_vec().into())
 }
 
+/// What Paxos's commit phase throws after the proposal was accepted: Unavailable at the commit
+/// level. (At the serial level it is the check before a round proposes, which proves the write
+/// never applied: the provider reports that as `Unavailable`.)
 fn unavailable() -> DbError {
     DbError::Unavailable {
-        consistency: Consistency::Serial,
+        consistency: Consistency::Quorum,
         required: 1,
         alive: 0,
     }
