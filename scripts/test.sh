@@ -137,6 +137,8 @@ step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 step "cargo clippy --workspace --all-targets --all-features -- -D warnings (rustls, metrics)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
+# `--all-targets` leaves out the test targets with `test = false` (the ring stages' suites).
+cargo clippy --test three_nodes --test two_dcs -- -D warnings
 step "cargo doc --workspace --no-deps"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 skip=()

@@ -25,7 +25,7 @@ mod scale;
 
 use cassandra_membership::Timestamp;
 
-use crate::fixture::{KS, Res, replication, replication_factor, session, warm_up};
+use crate::fixture::{KS, Res, replication, session, warm_up};
 use crate::plot::svg;
 use crate::report::Report;
 
@@ -39,7 +39,6 @@ async fn main() -> Res<()> {
     let s = session().await?;
     s.query_unpaged(format!("DROP KEYSPACE IF EXISTS {}", *KS), ())
         .await?;
-    let rf = replication_factor();
     s.query_unpaged(
         format!(
             "CREATE KEYSPACE {} WITH replication = {{{}}}",
@@ -80,10 +79,11 @@ async fn main() -> Res<()> {
         .filter(|c| !c.is_empty())
         .unwrap_or_else(|| "unknown".into());
     r.line(&format!(
-        "Run {} of commit {commit} on Apache Cassandra {} ({} node(s), RF {rf}, paxos_variant {paxos}) and the same 2-core machine as the client.",
+        "Run {} of commit {commit} on Apache Cassandra {} ({} node(s), replication {{{}}}, paxos_variant {paxos}) and the same 2-core machine as the client.",
         Timestamp::now(),
         version.0,
-        peers + 1
+        peers + 1,
+        replication()
     ));
     std::fs::create_dir_all("bench-results")?;
     warm_up(&s).await?;

@@ -7,6 +7,7 @@
 //! handed to `with_session` may do anything): each statement carries the provider's own profile.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use scylla::client::execution_profile::{ExecutionProfile, ExecutionProfileHandle};
 use scylla::policies::load_balancing::DefaultPolicy;
@@ -48,6 +49,22 @@ pub(super) fn check_known(dc: &str, known: &BTreeSet<String>) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// With `local_quorum`, the provider's own session (`connect`) keeps connection pools to the
+/// local DC's nodes only: the driver prepares every statement on every node it has a pool to, and
+/// waits for every such node's schema version, so a hung node of another DC — one that keeps its
+/// TCP connections open and never answers — would hold a starting silo for as long as the driver
+/// takes to drop it (tens of seconds), although no statement of the provider ever goes there.
+pub(super) fn host_filter(
+    options: &CassandraClusteringOptions,
+) -> Option<Arc<dyn scylla::policies::host_filter::HostFilter>> {
+    match (&options.local_datacenter, options.consistency) {
+        (Some(dc), ConsistencyProfile::LocalQuorum) => Some(Arc::new(
+            scylla::policies::host_filter::DcHostFilter::new(dc.clone()),
+        )),
+        _ => None,
+    }
 }
 
 /// What `initialize` decides from the keyspace's replication map (the DC being known).
@@ -152,7 +169,16 @@ impl CassandraMembershipTable {
             &o.keyspace,
             &replication,
             &self.shared.qualified,
-        )
+        )?;
+        if o.consistency == ConsistencyProfile::LocalQuorum {
+            // The one rule the provider cannot check: logged where an operator looks first.
+            tracing::info!(
+                local_datacenter = %dc,
+                "compare-and-sets of this cluster run in {dc}'s replicas (local_quorum): every silo \
+                 of the cluster must name local_datacenter = {dc:?}, or two can both win one round"
+            );
+        }
+        Ok(())
     }
 }
 

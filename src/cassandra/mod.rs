@@ -154,6 +154,9 @@ impl CassandraMembershipTable {
         if let Some(c) = &options.credentials {
             builder = builder.user(c.username.clone(), c.password.clone());
         }
+        if let Some(filter) = datacenter::host_filter(&options) {
+            builder = builder.host_filter(filter);
+        }
         // The driver bounds each TCP connect (and tries the contact points one after another,
         // so each gets a share of the budget), but not a node that completes the TCP handshake
         // and then never answers: the whole build is bounded here.

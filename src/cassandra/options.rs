@@ -103,10 +103,13 @@ pub struct CassandraClusteringOptions {
     pub consistency: ConsistencyProfile,
     /// The data centre whose nodes coordinate every statement: with
     /// [`ConsistencyProfile::LocalQuorum`] (where it is required) the DC whose replicas decide
-    /// every Paxos round and commit, with no failover to another DC; with `quorum` the DC tried
-    /// first, others after it. Every silo of one cluster names the same DC (README
-    /// "Consistency profiles"). The name as the cluster reports it (`nodetool status`, e.g.
-    /// `dc1`). Default: none (the session's own load balancing; `quorum` only).
+    /// every Paxos round and commit, with no failover to another DC, and the only DC `connect`
+    /// keeps connection pools to; with `quorum` the DC tried first, others after it. Under
+    /// `local_quorum` it is the cluster's serial DC, not "the DC this process runs in": **every
+    /// silo of one cluster names the same DC**, or two silos can both win one compare-and-set
+    /// (README "Consistency profiles and data centres"). The name as the cluster reports it
+    /// (`nodetool status`, e.g. `dc1`). Default: none (the session's own load balancing;
+    /// `quorum` only).
     pub local_datacenter: Option<String>,
     /// Client-side timeout of each statement. Default 10 s.
     #[serde(with = "humantime_serde")]

@@ -133,7 +133,7 @@ async fn dc2_down_local_quorum_keeps_every_operation_and_quorum_fails_typed_writ
         .await
         .expect("initialize on the healthy ring");
     let address = SiloAddress::new(std::net::SocketAddr::from(([10, 4, 0, 1], 11111)), 1).unwrap();
-    let entry = MembershipEntry::new(address.clone(), SiloStatus::Joining, Timestamp::now());
+    let entry = MembershipEntry::new(address, SiloStatus::Joining, Timestamp::now());
     let version = table.read_all().await.expect("read").version;
     assert!(
         table
@@ -165,7 +165,7 @@ async fn dc2_down_local_quorum_keeps_every_operation_and_quorum_fails_typed_writ
     // A conditional write: Unavailable at the serial level, Paxos's check before proposing,
     // proves it never applied (errors.rs `refused_before_execution`); at most 12 timeouts.
     let other = SiloAddress::new(std::net::SocketAddr::from(([10, 4, 0, 2], 11111)), 1).unwrap();
-    let second = MembershipEntry::new(other.clone(), SiloStatus::Joining, Timestamp::now());
+    let second = MembershipEntry::new(other, SiloStatus::Joining, Timestamp::now());
     refused(
         "insert_row",
         12 * rt,
@@ -209,5 +209,50 @@ async fn dc2_down_local_quorum_keeps_every_operation_and_quorum_fails_typed_writ
     assert_eq!(
         after.rows[0].etag, before.rows[0].etag,
         "the row is untouched"
+    );
+}
+
+/// Resumes dc2's node on drop (also when the test fails).
+struct Paused;
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        script(&["resume", &dc2_node().to_string()]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dc2_hung_a_dc1_silo_on_local_quorum_still_starts() {
+    let _serial = serial().await;
+    script(&["pause", &dc2_node().to_string()]);
+    let _resume = Paused;
+    // A node that hangs (SIGSTOP: a GC storm, a stuck VM) keeps its TCP connections open: nothing
+    // sent there is refused, it is never answered.
+    let started = Instant::now();
+    let t = tokio::time::timeout(
+        Duration::from_secs(30),
+        connect(
+            local(&unique("hung"))
+                .table(unique("t").replace('-', "_"))
+                .contact_points([dc1_point()]),
+        ),
+    )
+    .await
+    .expect("connect returns");
+    t.initialize(true).await.expect("initialize with dc2 hung");
+    let v = t.read_all().await.expect("read_all with dc2 hung").version;
+    let address = SiloAddress::new(std::net::SocketAddr::from(([10, 5, 0, 1], 11111)), 1).unwrap();
+    let entry = MembershipEntry::new(address, SiloStatus::Joining, Timestamp::now());
+    assert!(
+        t.insert_row(&entry, &v.next())
+            .await
+            .expect("insert with dc2 hung")
+    );
+    let took = started.elapsed();
+    println!("dc2 hung: connect, initialize (a new table), read_all, insert_row in {took:?}");
+    assert!(
+        took < 2 * REQUEST_TIMEOUT,
+        "a dc1 silo started in {took:?} with dc2 hung (bound {:?})",
+        2 * REQUEST_TIMEOUT
     );
 }

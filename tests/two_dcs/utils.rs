@@ -251,7 +251,7 @@ pub(crate) async fn kill_dc2() {
 pub(crate) async fn every_operation(table: &CassandraMembershipTable, cluster: &str) {
     table.initialize(true).await.expect("initialize");
     let address = SiloAddress::new(std::net::SocketAddr::from(([10, 2, 0, 1], 11111)), 7).unwrap();
-    let mut entry = MembershipEntry::new(address.clone(), SiloStatus::Joining, Timestamp::now());
+    let mut entry = MembershipEntry::new(address, SiloStatus::Joining, Timestamp::now());
     let v = table.read_all().await.expect("read_all").version;
     assert!(table.insert_row(&entry, &v.next()).await.expect("insert"));
     table
