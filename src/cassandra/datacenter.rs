@@ -37,7 +37,19 @@ pub(super) fn routing_profile(
 }
 
 /// The DC must be one the driver knows: with `local_quorum` no statement could be sent otherwise.
+/// Knowing no DC at all is the driver's metadata missing (a failed first fetch leaves nodes without
+/// DC until it refreshes), not a wrong name: `Unavailable`, which heals.
 pub(super) fn check_known(dc: &str, known: &BTreeSet<String>) -> Result<()> {
+    if known.is_empty() {
+        return Err(MembershipError::Unavailable {
+            operation: "initialize",
+            source: format!(
+                "the driver knows no node's data centre yet (its metadata fetch failed?), so \
+                 local_datacenter {dc:?} cannot be checked or used"
+            )
+            .into(),
+        });
+    }
     if !known.contains(dc) {
         return Err(MembershipError::config(
             "local_datacenter",
@@ -209,6 +221,16 @@ mod tests {
             "{e:?}"
         );
         assert!(text.contains("dc3") && text.contains("dc1, dc2"), "{text}");
+    }
+
+    #[test]
+    fn no_known_dc_at_all_is_missing_metadata_not_a_wrong_name() {
+        let e = check_known("dc1", &BTreeSet::new()).unwrap_err();
+        assert!(matches!(e, MembershipError::Unavailable { .. }), "{e:?}");
+        assert!(
+            e.is_transient(),
+            "it heals when the driver refreshes its metadata"
+        );
     }
 
     #[test]
