@@ -121,10 +121,11 @@ async fn cleanup_removes_elements_a_patch_restamped() {
             .await
             .unwrap()
     );
-    let patched = table_on(
-        &s,
-        ttl_on(opts(&table, "svc", &cluster)).ttl_mismatch(TtlMismatchPolicy::Patch),
-    );
+    // A TTL the test cannot outlive: with the suite's 4 s, a busy machine let the patched row
+    // expire by itself before the cleanup ran (which then had nothing to remove).
+    let mut patching = ttl_on(opts(&table, "svc", &cluster)).ttl_mismatch(TtlMismatchPolicy::Patch);
+    patching.membership.defunct_silo_expiration = Duration::from_secs(120);
+    let patched = table_on(&s, patching);
     patched.initialize(true).await.unwrap();
     // Back to expiry off: the cleanup deletes the Dead entry and its element.
     tokio::time::sleep(Duration::from_millis(1100)).await;
