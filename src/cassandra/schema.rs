@@ -13,6 +13,9 @@ use super::exec::{Outcome, schema_lag};
 use super::statements::{self, create_keyspace_cql, create_table_cql};
 use crate::error::{MembershipError, Result};
 
+/// How long `initialize` asks again before it reports a missing keyspace.
+const KEYSPACE_SETTLE: Duration = Duration::from_secs(3);
+
 /// The schema-check detail for a table whose columns are not (yet) listed.
 const NO_COLUMNS: &str = "the table has no columns (yet)";
 
@@ -111,7 +114,7 @@ impl CassandraMembershipTable {
                 .await?;
             self.await_schema_agreement().await?;
         }
-        if !self.keyspace_exists().await? {
+        if !self.keyspace_exists_settled().await? {
             return Err(MembershipError::SchemaMismatch {
                 table: self.shared.qualified.clone(),
                 detail: format!(
@@ -214,6 +217,24 @@ impl CassandraMembershipTable {
             .map_err(|e| to_error("initialize", e))?
             .into_rows_result()
             .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))
+    }
+
+    /// Whether the keyspace exists, asked again for a moment when the node says no: a node that
+    /// has not applied a keyspace created just now answers "no such keyspace" (seen on a fresh
+    /// ring, right after the driver reported schema agreement), which must not read as the
+    /// operator's error. A keyspace that is really missing costs `initialize` these seconds.
+    async fn keyspace_exists_settled(&self) -> Result<bool> {
+        let deadline =
+            tokio::time::Instant::now() + self.options().schema_timeout.min(KEYSPACE_SETTLE);
+        loop {
+            if self.keyspace_exists().await? {
+                return Ok(true);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     }
 
     async fn keyspace_exists(&self) -> Result<bool> {
