@@ -7,6 +7,8 @@
 //! one-node run: `scripts/test.sh` runs it in its three-node stage (`cargo test --test three_nodes`).
 
 mod outcomes;
+#[path = "../common/ring.rs"]
+mod ring;
 
 use std::process::Command;
 use std::sync::Arc;
@@ -91,27 +93,7 @@ async fn heal() {
     let s = tokio::time::timeout(Duration::from_secs(60), session())
         .await
         .expect("a session to the healed ring within 60 s");
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let up = s
-            .query_unpaged("SELECT peer FROM system.peers", ())
-            .await
-            .ok()
-            .and_then(|r| r.into_rows_result().ok())
-            .map(|r| r.rows_num())
-            .unwrap_or(0);
-        let agreed = tokio::time::timeout(Duration::from_secs(10), s.await_schema_agreement())
-            .await
-            .is_ok_and(|r| r.is_ok());
-        if up == 2 && agreed {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the ring did not heal within 90 s"
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    crate::ring::await_healed(&s, 2).await;
 }
 
 async fn session() -> Arc<Session> {

@@ -7,6 +7,8 @@
 //! two-DC stage (`cargo test --test two_dcs`).
 
 mod outage;
+#[path = "../common/ring.rs"]
+mod ring;
 mod routing;
 mod utils;
 

@@ -198,27 +198,7 @@ pub(crate) async fn heal() {
     let s = tokio::time::timeout(Duration::from_secs(60), session())
         .await
         .expect("a session to the healed ring within 60 s");
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let peers = s
-            .query_unpaged("SELECT peer FROM system.peers", ())
-            .await
-            .ok()
-            .and_then(|r| r.into_rows_result().ok())
-            .map(|r| r.rows_num())
-            .unwrap_or(0);
-        let agreed = tokio::time::timeout(Duration::from_secs(10), s.await_schema_agreement())
-            .await
-            .is_ok_and(|r| r.is_ok());
-        if peers == 1 && agreed {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the ring did not heal within 90 s"
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    crate::ring::await_healed(&s, 1).await;
 }
 
 /// Kills dc2's node and waits until dc1's node has marked it down (then a coordinator answers
