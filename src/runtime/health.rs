@@ -42,6 +42,23 @@ pub enum SiloHealth {
 }
 
 impl SiloHealth {
+    /// True while the host may serve as a member: `Starting`, `Healthy` and `Failing` (the fence
+    /// horizon is still ahead). False once it must fence (`LeaseAtRisk`) and in the final states.
+    /// This is the host's readiness; `!is_final()` is its liveness.
+    ///
+    /// ```
+    /// use cassandra_membership::SiloHealth;
+    /// assert!(SiloHealth::Starting.should_serve());
+    /// assert!(!SiloHealth::LeaseAtRisk { lease: None, failures: 3 }.should_serve());
+    /// assert!(!SiloHealth::DeclaredDead.should_serve());
+    /// ```
+    pub fn should_serve(&self) -> bool {
+        matches!(
+            self,
+            SiloHealth::Starting | SiloHealth::Healthy { .. } | SiloHealth::Failing { .. }
+        )
+    }
+
     /// True for the states after which the heartbeat has stopped for good.
     pub fn is_final(&self) -> bool {
         matches!(
