@@ -7,6 +7,10 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::error::MembershipError;
+use crate::model::Timestamp;
+
+/// 2022-01-01T00:00:00Z in Unix milliseconds: Orleans' generation epoch.
+const GENERATION_EPOCH_MILLIS: i64 = 1_640_995_200_000;
 
 /// The identity of one silo incarnation: its socket address and its generation.
 ///
@@ -92,6 +96,34 @@ impl SiloAddress {
             endpoint: SocketAddr::V4(endpoint),
             generation,
         }
+    }
+
+    /// A new incarnation at `endpoint`, its generation taken from the system clock: see
+    /// [`SiloAddress::generation_at`]. What a host calls once per process start.
+    ///
+    /// ```
+    /// use cassandra_membership::SiloAddress;
+    /// let me = SiloAddress::new_incarnation("10.0.0.7:11111".parse().unwrap())?;
+    /// assert!(me.generation() > 0);
+    /// # Ok::<(), cassandra_membership::MembershipError>(())
+    /// ```
+    pub fn new_incarnation(endpoint: SocketAddr) -> Result<Self, MembershipError> {
+        SiloAddress::new(endpoint, SiloAddress::generation_at(Timestamp::now()))
+    }
+
+    /// The generation of an incarnation started at `now`: whole seconds since
+    /// 2022-01-01T00:00:00Z (Orleans' generation epoch), so a restart a second or more later
+    /// gets a larger one. 0 before the epoch; `i32::MAX` from 2090 on. Two starts within one
+    /// second at one endpoint get the same generation: a host that restarts that fast picks one
+    /// above the generations the table holds for its endpoint.
+    ///
+    /// ```
+    /// use cassandra_membership::{SiloAddress, Timestamp};
+    /// assert_eq!(SiloAddress::generation_at(Timestamp::from_millis(1_640_995_210_500)), 10);
+    /// ```
+    pub fn generation_at(now: Timestamp) -> i32 {
+        let secs = (now.as_millis() - GENERATION_EPOCH_MILLIS).div_euclid(1000);
+        i32::try_from(secs.max(0)).unwrap_or(i32::MAX)
     }
 
     /// The silo's socket address (an IPv6 one has flow label and scope id 0).

@@ -10,8 +10,8 @@ use chrono::{DateTime, Utc};
 use rio_rs::cluster::storage::Member;
 use rio_rs::errors::MembershipError as RioError;
 
-/// 2022-01-01T00:00:00Z: generations count seconds from here (Orleans' own epoch), so they fit an
-/// `i32` until 2090.
+/// 2022-01-01T00:00:00Z: generations count seconds from here (`SiloAddress::generation_at`).
+#[cfg(test)]
 const GENERATION_EPOCH_MILLIS: i64 = 1_640_995_200_000;
 
 /// rio names a member by an ip text and a port text; the table by a socket address.
@@ -43,8 +43,7 @@ pub(crate) fn next_generation(
     endpoint: SocketAddr,
     now: Timestamp,
 ) -> i32 {
-    let secs = (now.as_millis() - GENERATION_EPOCH_MILLIS).div_euclid(1000);
-    let by_clock = i32::try_from(secs.max(0)).unwrap_or(i32::MAX);
+    let by_clock = SiloAddress::generation_at(now);
     snapshot
         .rows
         .iter()
