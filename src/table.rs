@@ -91,6 +91,12 @@ pub trait MembershipTable: Send + Sync + Debug {
     /// The cluster this table value reads and writes.
     fn cluster_id(&self) -> &str;
 
+    /// The service this table value's cluster belongs to, when the backend has one (the
+    /// Cassandra table's `service_id`); `""` by default. Labels the metrics.
+    fn service_id(&self) -> &str {
+        ""
+    }
+
     /// What this table value's data is, as a key: two values with the same identity read and
     /// write the same entries (the runtime runs one defunct cleanup per identity and process).
     /// Backends override it with their storage's name (the Cassandra table:

@@ -62,6 +62,7 @@ use crate::error::{MembershipError, Result};
 use crate::model::{
     ETag, MembershipEntry, MembershipSnapshot, SiloAddress, TableVersion, Timestamp,
 };
+use crate::observe::{Applied, TableMetrics};
 use crate::table::{HeartbeatOutcome, MembershipTable, StorageExpiry};
 use bind::ttl_value;
 use exec::Counters;
@@ -123,6 +124,8 @@ pub struct CassandraMembershipTable {
     leases: Mutex<HashMap<SiloAddress, LeaseState>>,
     /// What `initialize` and lease renewals learnt of this cluster's partition's expiry.
     expiry_state: expiry::ExpiryState,
+    /// The labels of this value's operations (`crate::observe`).
+    metrics: TableMetrics,
 }
 
 impl CassandraMembershipTable {
@@ -211,6 +214,7 @@ impl CassandraMembershipTable {
         let cluster_id = options.cluster_id.clone();
         let qualified = qualified(&options.keyspace, &options.table);
         let routing = datacenter::routing_profile(&options);
+        let metrics = TableMetrics::new(&options.service_id, &cluster_id);
         Ok(CassandraMembershipTable {
             shared: Arc::new(Shared {
                 session,
@@ -224,6 +228,7 @@ impl CassandraMembershipTable {
             cluster_id,
             leases: Mutex::default(),
             expiry_state: Default::default(),
+            metrics,
         })
     }
 
@@ -232,6 +237,7 @@ impl CassandraMembershipTable {
         let cluster_id = cluster_id.into();
         options::validate_value("cluster_id", &cluster_id)?;
         Ok(CassandraMembershipTable {
+            metrics: TableMetrics::new(self.service_id(), &cluster_id),
             shared: Arc::clone(&self.shared),
             cluster_id,
             leases: Mutex::default(),
@@ -318,9 +324,15 @@ impl CassandraMembershipTable {
     }
 
     /// Runs one operation of the [`MembershipTable`] impl: its error names the configured user
-    /// in an access failure (see [`Self::named`]).
-    async fn answer<T>(&self, operation: impl Future<Output = Result<T>>) -> Result<T> {
-        operation.await.map_err(|e| self.named(e))
+    /// in an access failure (see [`Self::named`]); its outcome and latency are recorded under
+    /// `name` (`crate::observe`).
+    async fn answer<T: Applied>(
+        &self,
+        name: &'static str,
+        operation: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let answer = async { operation.await.map_err(|e| self.named(e)) };
+        self.metrics.measure(name, answer).await
     }
 
     fn pk(&self) -> Pk<'_> {
@@ -341,6 +353,10 @@ impl MembershipTable for CassandraMembershipTable {
         &self.cluster_id
     }
 
+    fn service_id(&self) -> &str {
+        &self.shared.options.service_id
+    }
+
     /// `cassandra:keyspace.table/service/cluster` (the contact points are not part of it).
     fn identity(&self) -> String {
         format!(
@@ -357,17 +373,19 @@ impl MembershipTable for CassandraMembershipTable {
 
     #[instrument(level = "info", skip(self), fields(table = %self.shared.qualified, cluster = %self.cluster_id))]
     async fn initialize(&self, try_init_version: bool) -> Result<()> {
-        self.answer(self.initialize_cluster(try_init_version)).await
+        self.answer("initialize", self.initialize_cluster(try_init_version))
+            .await
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, rows))]
     async fn read_all(&self) -> Result<MembershipSnapshot> {
-        self.answer(self.read_snapshot()).await
+        self.answer("read_all", self.read_snapshot()).await
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, silo = %address))]
     async fn read_row(&self, address: &SiloAddress) -> Result<MembershipSnapshot> {
-        self.answer(self.read_row_snapshot(address)).await
+        self.answer("read_row", self.read_row_snapshot(address))
+            .await
     }
 
     #[instrument(level = "debug", skip(self, entry), fields(cluster = %self.cluster_id, silo = %entry.address, version = new_version.version, applied))]
@@ -377,8 +395,9 @@ impl MembershipTable for CassandraMembershipTable {
         new_version: &TableVersion,
     ) -> Result<bool> {
         // An insert is the same conditional write as an update, expecting no row etag.
-        self.answer(self.write_entry("insert_row", entry, Some(&ETag::absent()), new_version))
-            .await
+        let absent = ETag::absent();
+        let write = self.write_entry("insert_row", entry, Some(&absent), new_version);
+        self.answer("insert_row", write).await
     }
 
     #[instrument(level = "debug", skip(self, entry), fields(cluster = %self.cluster_id, silo = %entry.address, version = new_version.version, applied))]
@@ -388,11 +407,14 @@ impl MembershipTable for CassandraMembershipTable {
         row_etag: &ETag,
         new_version: &TableVersion,
     ) -> Result<bool> {
-        if row_etag.is_absent() {
-            return Ok(false); // an update needs the row's tag; only inserts expect none
-        }
-        self.answer(self.write_entry("update_row", entry, Some(row_etag), new_version))
-            .await
+        let write = async {
+            if row_etag.is_absent() {
+                return Ok(false); // an update needs the row's tag; only inserts expect none
+            }
+            self.write_entry("update_row", entry, Some(row_etag), new_version)
+                .await
+        };
+        self.answer("update_row", write).await
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, silo = %address, outcome))]
@@ -401,17 +423,21 @@ impl MembershipTable for CassandraMembershipTable {
         address: &SiloAddress,
         time: Timestamp,
     ) -> Result<HeartbeatOutcome> {
-        self.answer(self.heartbeat(address, time)).await
+        self.answer("update_i_am_alive", self.heartbeat(address, time))
+            .await
     }
 
     #[instrument(level = "info", skip(self), fields(cluster = %self.cluster_id, removed))]
     async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize> {
-        self.answer(self.cleanup(before)).await
+        let removed = self.answer("cleanup_defunct", self.cleanup(before)).await?;
+        self.metrics.removed(removed);
+        Ok(removed)
     }
 
     #[instrument(level = "info", skip(self), fields(service = %self.service_id()))]
     async fn delete_cluster(&self, cluster_id: &str) -> Result<()> {
-        self.answer(self.delete_partition(cluster_id)).await
+        self.answer("delete_cluster", self.delete_partition(cluster_id))
+            .await
     }
 }
 

@@ -267,6 +267,10 @@ impl MembershipTable for FaultyTable {
         self.inner.cluster_id()
     }
 
+    fn service_id(&self) -> &str {
+        self.inner.service_id()
+    }
+
     fn identity(&self) -> String {
         self.inner.identity()
     }
