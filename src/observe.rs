@@ -229,3 +229,77 @@ pub(crate) mod imp {
         }
     }
 }
+
+#[cfg(all(test, feature = "metrics"))]
+mod tests {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    use super::*;
+    use crate::error::MembershipError;
+
+    /// The `outcome` of each kind of answer, as the recorder receives it.
+    #[test]
+    fn answers_are_counted_as_ok_conflict_unknown_or_error() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        metrics::with_local_recorder(&recorder, || {
+            rt.block_on(async {
+                let m = TableMetrics::new("s", "c");
+                let _ = m.measure("update_row", async { Ok(true) }).await;
+                let _ = m.measure("update_row", async { Ok(false) }).await;
+                let _ = m
+                    .measure("update_i_am_alive", async {
+                        Ok(HeartbeatOutcome::NotFound)
+                    })
+                    .await;
+                let unknown = MembershipError::OutcomeUnknown {
+                    operation: "update_row",
+                    detail: "test".into(),
+                    source: "lost".into(),
+                };
+                let _ = m
+                    .measure("update_row", async { Err::<bool, _>(unknown) })
+                    .await;
+                let timeout = MembershipError::Timeout {
+                    operation: "read_all",
+                    source: "slow".into(),
+                };
+                let _ = m
+                    .measure("read_all", async { Err::<MembershipSnapshot, _>(timeout) })
+                    .await;
+            })
+        });
+        let mut counted: Vec<(String, String, u64)> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(k, ..)| k.key().name() == "membership_table_operations_total")
+            .map(|(k, _, _, v)| {
+                let label = |name| {
+                    k.key()
+                        .labels()
+                        .find(|l| l.key() == name)
+                        .map(|l| l.value().to_owned())
+                        .unwrap()
+                };
+                let DebugValue::Counter(n) = v else {
+                    panic!("{v:?}")
+                };
+                (label("operation"), label("outcome"), n)
+            })
+            .collect();
+        counted.sort();
+        let expected = [
+            ("read_all", "error", 1),
+            ("update_i_am_alive", "conflict", 1),
+            ("update_row", "conflict", 1),
+            ("update_row", "ok", 1),
+            ("update_row", "unknown", 1),
+        ]
+        .map(|(o, r, n)| (o.to_owned(), r.to_owned(), n));
+        assert_eq!(counted, expected);
+    }
+}

@@ -138,10 +138,11 @@ fn the_docs_probe_snippet_names_readiness_and_liveness() {
 fn the_service_answers_its_probes_and_work_then_leaves_on_sigterm() {
     let bin = build();
     let mut service = start(&bin);
-    let line = service.line_starting("listening on http://");
-    let at: SocketAddr = line["listening on http://".len()..].parse().unwrap();
+    // It joins, then listens (so no probe is answered before the silo exists).
     let joined = service.line_starting("joined as ");
     let silo = joined["joined as ".len()..].to_owned();
+    let line = service.line_starting("listening on http://");
+    let at: SocketAddr = line["listening on http://".len()..].parse().unwrap();
 
     // The snippet's probes are served, and answer 200 while the silo serves.
     for (probe, path) in probe_paths() {
