@@ -47,9 +47,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use cassandra_membership::{
-    CassandraClusteringOptions, CassandraMembershipTable, InMemoryMembershipTable, MembershipEntry,
-    MembershipError, MembershipOptions, MembershipTable, Silo, SiloAddress, SiloHealth, SiloStatus,
-    Timestamp,
+    CassandraClusteringOptions, CassandraMembershipTable, InMemoryMembershipTable, MembershipError,
+    MembershipTable, Silo, SiloAddress, SiloHealth,
 };
 use tokio::sync::watch;
 
@@ -60,8 +59,7 @@ async fn join(
     table: Arc<dyn MembershipTable>,
     address: SiloAddress,
 ) -> Result<Silo, MembershipError> {
-    let entry = MembershipEntry::new(address, SiloStatus::Joining, Timestamp::now());
-    Silo::join(table, entry, MembershipOptions::default()).await
+    Silo::join(table, address).await
 }
 
 fn arg(args: &[String], name: &str) -> Option<String> {

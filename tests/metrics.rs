@@ -127,7 +127,15 @@ fn a_heartbeat_a_fence_and_a_cleanup_are_recorded_with_their_labels() {
     let gone: SiloAddress = "10.0.0.2:11111@1".parse().unwrap();
     let all = with_recorder(true, || async {
         let clock = Arc::new(TokioClock::new());
+        let mut o = MembershipOptions::default()
+            .i_am_alive_table_publish_timeout(Duration::from_secs(10))
+            .defunct_silo_expiration(Duration::from_secs(60))
+            .defunct_silo_cleanup_period(Some(Duration::from_secs(30)))
+            .defunct_silo_cleanup_jitter(Duration::ZERO)
+            .force_defunct_cleanup(true);
+        o.num_missed_table_i_am_alive_limit = 100; // the lease is the first horizon here
         let inner = InMemoryMembershipTable::new(cluster.clone())
+            .with_options(o)
             .with_clock(clock.clone())
             .with_expiry(Duration::from_secs(100));
         let table = Arc::new(FaultyTable::new(Arc::new(inner.clone())));
@@ -144,22 +152,12 @@ fn a_heartbeat_a_fence_and_a_cleanup_are_recorded_with_their_labels() {
         );
         assert!(inner.delete_cluster("").await.is_err(), "an error");
 
-        let mut o = MembershipOptions::default()
-            .i_am_alive_table_publish_timeout(Duration::from_secs(10))
-            .defunct_silo_expiration(Duration::from_secs(60))
-            .defunct_silo_cleanup_period(Some(Duration::from_secs(30)))
-            .defunct_silo_cleanup_jitter(Duration::ZERO)
-            .force_defunct_cleanup(true);
-        o.num_missed_table_i_am_alive_limit = 100; // the lease is the first horizon here
         table.inject(Injection::not_applied(Operation::InsertRow).times(1));
-        let silo = Silo::join_with_clock(
-            table.clone(),
-            MembershipEntry::new(me, SiloStatus::Joining, clock.now()),
-            o,
-            clock.clone(),
-        )
-        .await
-        .unwrap();
+        let silo = Silo::builder(table.clone(), me)
+            .clock(clock.clone())
+            .join()
+            .await
+            .unwrap();
         let mut health = silo.health();
         health
             .wait_for(|h| matches!(h, SiloHealth::Healthy { .. }))

@@ -63,6 +63,7 @@ use crate::model::{
     ETag, MembershipEntry, MembershipSnapshot, SiloAddress, TableVersion, Timestamp,
 };
 use crate::observe::{Applied, TableMetrics};
+use crate::options::MembershipOptions;
 use crate::table::{HeartbeatOutcome, MembershipTable, StorageExpiry};
 use bind::ttl_value;
 use exec::Counters;
@@ -109,7 +110,10 @@ struct Shared {
 /// ```no_run
 /// use cassandra_membership::{CassandraClusteringOptions, CassandraMembershipTable, MembershipTable};
 /// # async fn f() -> cassandra_membership::Result<()> {
-/// let options = CassandraClusteringOptions::new("orleans", "my-service", "blue")
+/// let options = CassandraClusteringOptions::default()
+///     .keyspace("orleans")
+///     .service_id("my-service")
+///     .cluster_id("blue")
 ///     .contact_points(["10.0.0.5:9042"])
 ///     .ttl(true);
 /// let table = CassandraMembershipTable::connect(options).await?;
@@ -280,7 +284,7 @@ impl CassandraMembershipTable {
                 let o = self.options();
                 // Every first operation of a table value, `initialize` or not (the CLI's).
                 self.check_datacenter_known()?;
-                Statements::prepare(
+                let prepared = Statements::prepare(
                     self.session(),
                     &self.shared.qualified,
                     o.consistency,
@@ -288,10 +292,32 @@ impl CassandraMembershipTable {
                     o.request_timeout,
                     o.page_size,
                 )
-                .await
-                .map_err(|e| errors::prepare_error(&self.shared.qualified, e))
+                .await;
+                match prepared {
+                    Ok(st) => Ok(st),
+                    Err(e) => Err(self
+                        .keyspace_missing(errors::prepare_error(&self.shared.qualified, e))
+                        .await),
+                }
             })
             .await
+    }
+
+    /// A refused statement is a schema problem: a missing keyspace is told apart from a missing
+    /// or different table by asking the schema tables (the node's message is not an interface).
+    /// Without `initialize` (the CLI, a host's read-only table value) this is where a missing
+    /// keyspace shows.
+    async fn keyspace_missing(&self, e: MembershipError) -> MembershipError {
+        if !matches!(e, MembershipError::SchemaMismatch { .. }) {
+            return e;
+        }
+        match self.keyspace_exists().await {
+            Ok(false) => MembershipError::KeyspaceMissing {
+                keyspace: self.options().keyspace.clone(),
+            },
+            // Present, or unknown: the mismatch as it was found.
+            Ok(true) | Err(_) => e,
+        }
     }
 
     /// Names the configured user in an access failure (the driver's errors do not know it).
@@ -331,8 +357,11 @@ impl CassandraMembershipTable {
         name: &'static str,
         operation: impl Future<Output = Result<T>>,
     ) -> Result<T> {
-        let answer = async { operation.await.map_err(|e| self.named(e)) };
-        self.metrics.measure(name, answer).await
+        // Measured first: naming the user does not change an error's kind, only its text.
+        self.metrics
+            .measure(name, operation)
+            .await
+            .map_err(|e| self.named(e))
     }
 
     fn pk(&self) -> Pk<'_> {
@@ -365,6 +394,11 @@ impl MembershipTable for CassandraMembershipTable {
             self.service_id(),
             self.cluster_id
         )
+    }
+
+    /// `options().membership`.
+    fn membership_options(&self) -> &MembershipOptions {
+        &self.shared.options.membership
     }
 
     fn storage_expiry(&self) -> StorageExpiry {

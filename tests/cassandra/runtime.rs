@@ -5,8 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cassandra_membership::{
-    MembershipEntry, MembershipOptions, MembershipTable, Silo, SiloAddress, SiloHealth, SiloStatus,
-    Timestamp,
+    MembershipOptions, MembershipTable, Silo, SiloAddress, SiloHealth, SiloStatus, Timestamp,
 };
 
 use crate::utils::{options, session_with_keyspace, table_on, unique};
@@ -31,13 +30,7 @@ async fn silos_join_detect_a_crash_leave_and_the_cluster_expires() {
             generation,
         )
         .unwrap();
-        let silo = Silo::join(
-            Arc::clone(&table),
-            MembershipEntry::new(a, SiloStatus::Joining, Timestamp::now()),
-            m.clone(),
-        )
-        .await
-        .unwrap();
+        let silo = Silo::join(Arc::clone(&table), a).await.unwrap();
         assert!(
             !silo.runs_defunct_cleanup(),
             "storage expiry covers cleanup"
