@@ -47,20 +47,12 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use cassandra_membership::{
-    CassandraClusteringOptions, CassandraMembershipTable, InMemoryMembershipTable, MembershipError,
-    MembershipTable, Silo, SiloAddress, SiloHealth,
+    CassandraClusteringOptions, CassandraMembershipTable, InMemoryMembershipTable, MembershipTable,
+    Silo, SiloAddress, SiloHealth,
 };
 use tokio::sync::watch;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
-
-/// Joins `table` as `address`: the one call of the join API in this example.
-async fn join(
-    table: Arc<dyn MembershipTable>,
-    address: SiloAddress,
-) -> Result<Silo, MembershipError> {
-    Silo::join(table, address).await
-}
 
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter()
@@ -179,7 +171,8 @@ async fn main() -> Result<(), Error> {
         bound
     };
     let address = SiloAddress::new_incarnation(endpoint)?;
-    let silo = join(Arc::clone(&table), address).await?;
+    // The table's membership options (defaults here) govern the silo.
+    let silo = Silo::join(Arc::clone(&table), address).await?;
     println!("joined as {address}");
 
     let service = Service {
