@@ -56,12 +56,16 @@ impl CassandraMembershipTable {
     async fn initialize_once(&self, try_init_version: bool) -> Result<()> {
         self.ensure_schema().await?;
         // Another silo may have just created the table: its schema can be listed a moment before
-        // the node serves it, so preparing is retried for a short while.
+        // the node serves it, so preparing is retried for a short while. (The keyspace was
+        // there a moment ago: a node that says it is missing has not applied it yet.)
         let mut attempt = 0;
         let st = loop {
             match self.statements().await {
                 Ok(st) => break st,
-                Err(MembershipError::SchemaMismatch { .. }) if attempt < 40 => {
+                Err(
+                    MembershipError::SchemaMismatch { .. }
+                    | MembershipError::KeyspaceMissing { .. },
+                ) if attempt < 40 => {
                     attempt += 1;
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }

@@ -595,13 +595,27 @@ async fn a_missing_keyspace_is_named_and_never_created_silently() {
             .cluster_id("c")
             .contact_points(contact_points()),
     );
+    // Its own variant, not a table of another shape; the message says what to do.
     match t.initialize(true).await {
-        Err(MembershipError::SchemaMismatch { detail, .. }) => {
-            assert!(
-                detail.contains(&keyspace) && detail.contains("create_keyspace_with_replication"),
-                "{detail}"
-            )
-        }
+        Err(MembershipError::KeyspaceMissing { keyspace: named }) => assert_eq!(named, keyspace),
+        other => panic!("{other:?}"),
+    }
+    let text = t.initialize(true).await.unwrap_err().to_string();
+    assert!(
+        text.contains(&keyspace) && text.contains("create_keyspace_with_replication"),
+        "{text}"
+    );
+    // A table value that never ran `initialize` (an operator's tool, a reader) learns it from
+    // its first statement.
+    let reader = table_on(
+        &s,
+        CassandraClusteringOptions::default()
+            .keyspace(&keyspace)
+            .service_id("svc")
+            .cluster_id("c"),
+    );
+    match reader.read_all().await {
+        Err(MembershipError::KeyspaceMissing { keyspace: named }) => assert_eq!(named, keyspace),
         other => panic!("{other:?}"),
     }
     let exists = count_rows(
@@ -611,4 +625,18 @@ async fn a_missing_keyspace_is_named_and_never_created_silently() {
     )
     .await;
     assert_eq!(exists, 0);
+}
+
+/// A missing table in an existing keyspace stays a schema mismatch: only the keyspace gets
+/// its own variant.
+#[tokio::test]
+async fn a_missing_table_in_an_existing_keyspace_is_a_schema_mismatch_not_a_missing_keyspace() {
+    let s = session_with_keyspace().await;
+    let reader = table_on(&s, options(&unique("notable")).table("no_such_table_api24"));
+    match reader.read_all().await {
+        Err(MembershipError::SchemaMismatch { table, .. }) => {
+            assert!(table.contains("no_such_table_api24"), "{table}")
+        }
+        other => panic!("{other:?}"),
+    }
 }

@@ -22,6 +22,8 @@ async fn silos_join_detect_a_crash_leave_and_the_cluster_expires() {
         .membership(m.clone());
     o.ttl_renewal_interval = Some(Duration::from_secs(1));
     let table: Arc<dyn MembershipTable> = Arc::new(table_on(&s, o));
+    // The silos run with the table's options: no second set to disagree with them.
+    assert_eq!(table.membership_options(), &m);
     let generation = (Timestamp::now().as_millis() / 1000) as i32;
     let mut silos = Vec::new();
     for n in 1..=3u16 {

@@ -10,7 +10,9 @@ use cassandra_membership::{
     Clock, MembershipError, MembershipTable, SiloHealth, SiloStatus, Timestamp, TokioClock,
 };
 
-use crate::utils::{entry, faulty_on_paused_clock, join, memory, options, try_join};
+use crate::utils::{
+    address, entry, faulty, faulty_on_paused_clock, join, memory, options, try_join,
+};
 
 #[tokio::test(start_paused = true)]
 async fn a_silo_joins_active_and_heartbeats_every_period_within_jitter() {
@@ -146,4 +148,80 @@ async fn graceful_leave_retries_version_conflicts_and_ends_dead() {
         table.read_row(&address).await.unwrap().rows[0].entry.status,
         SiloStatus::Dead
     );
+}
+
+/// One source of options: the silo runs with the table's. Two tables with different publish
+/// periods heartbeat at their own period, each silo told nothing but its address.
+#[tokio::test(start_paused = true)]
+async fn a_silo_heartbeats_at_its_table_s_publish_period() {
+    let clock = Arc::new(TokioClock::new());
+    let mut fast = options();
+    fast.i_am_alive_table_publish_timeout = Duration::from_secs(2);
+    fast.i_am_alive_jitter_percent = 0;
+    let mut slow = fast.clone();
+    slow.i_am_alive_table_publish_timeout = Duration::from_secs(20);
+    let fast_table = faulty(memory(&clock).with_options(fast));
+    let slow_table = faulty(memory(&clock).for_cluster("other").with_options(slow));
+    let a = join(fast_table.clone(), 1, &clock).await;
+    let b = join(slow_table.clone(), 2, &clock).await;
+    tokio::time::sleep(Duration::from_secs(100)).await;
+    // First heartbeat at once, then one per period: 51 at 2 s, 6 at 20 s.
+    let (fast_beats, slow_beats) = (
+        fast_table.calls(Operation::UpdateIAmAlive),
+        slow_table.calls(Operation::UpdateIAmAlive),
+    );
+    assert!((50..=52).contains(&fast_beats), "{fast_beats} at 2 s");
+    assert!((5..=7).contains(&slow_beats), "{slow_beats} at 20 s");
+    a.leave().await.unwrap();
+    b.leave().await.unwrap();
+}
+
+/// The table's options are checked before anything is written.
+#[tokio::test(start_paused = true)]
+async fn a_join_on_a_table_with_invalid_options_fails_naming_the_option_and_writes_nothing() {
+    let clock = Arc::new(TokioClock::new());
+    let table = Arc::new(memory(&clock).with_options(options().num_votes_for_death_declaration(0)));
+    match try_join(table.clone(), 1, &clock).await {
+        Err(MembershipError::InvalidConfiguration { option, .. }) => {
+            assert_eq!(option, "num_votes_for_death_declaration")
+        }
+        other => panic!("{other:?}"),
+    }
+    let s = table.read_all().await.unwrap();
+    assert!(s.rows.is_empty() && s.version.version == 0, "{s:?}");
+}
+
+/// What the builder sets is what the entry holds; its times are the clock's.
+#[tokio::test(start_paused = true)]
+async fn the_builder_s_names_ports_and_zones_are_stored_and_its_clock_stamps_the_entry() {
+    let clock = Arc::new(cassandra_membership::ManualClock::new(
+        Timestamp::from_millis(1_700_000_000_000),
+    ));
+    let table = Arc::new(memory(&clock));
+    let silo = cassandra_membership::Silo::builder(table.clone(), address(7))
+        .silo_name("silo-7")
+        .host_name("host-a")
+        .proxy_port(30007)
+        .role_name("frontend")
+        .update_zone(3)
+        .fault_zone(4)
+        .clock(clock.clone())
+        .join()
+        .await
+        .unwrap();
+    let e = table.read_row(&address(7)).await.unwrap().rows[0]
+        .entry
+        .clone();
+    assert_eq!(e.status, SiloStatus::Active);
+    assert_eq!(
+        (
+            e.silo_name.as_str(),
+            e.host_name.as_str(),
+            e.role_name.as_str()
+        ),
+        ("silo-7", "host-a", "frontend")
+    );
+    assert_eq!((e.proxy_port, e.update_zone, e.fault_zone), (30007, 3, 4));
+    assert_eq!(e.start_time, Timestamp::from_millis(1_700_000_000_000));
+    silo.leave().await.unwrap();
 }
