@@ -13,4 +13,7 @@ mod planner;
 pub mod protocol;
 pub(crate) mod silo;
 
-pub use cleanup::{CleanupNotStarted, DefunctCleanup};
+pub use cleanup::{
+    CleanupNotStarted, DefunctCleanup, TIMESTAMP_TICK, excess_dead_cutoff, first_active_silo,
+    remove_excess_dead_entries, silo_address_order,
+};

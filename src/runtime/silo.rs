@@ -70,8 +70,14 @@ impl Silo {
         clock: Arc<dyn Clock>,
     ) -> Result<Silo> {
         options.validate()?;
-        // Not started when disabled or when storage expiry covers it (see CleanupNotStarted).
-        let cleanup = DefunctCleanup::spawn(Arc::clone(&table), &options, Arc::clone(&clock))?.ok();
+        // Shared with this process's other silos on the table; none when disabled.
+        let cleanup = DefunctCleanup::spawn_for(
+            Arc::clone(&table),
+            &options,
+            Arc::clone(&clock),
+            entry.address,
+        )?
+        .ok();
         let limits = ProtocolLimits::from_options(&options);
         match Self::enter(&table, entry, &clock, &limits).await {
             Ok(joined) => Ok(Self::start(table, joined, options, clock, cleanup, limits)),
@@ -260,8 +266,9 @@ impl Silo {
         self.heartbeat.health()
     }
 
-    /// True when this process runs the periodic defunct cleanup for the cluster (and storage
-    /// does not cover it, as of the cleanup's last period).
+    /// True when this silo takes part in the periodic defunct cleanup this process's silos on
+    /// the table share, and its rounds remove entries: the age limit is not covered by storage
+    /// expiry (asked now), or `max_defunct_silo_entries` is set.
     pub fn runs_defunct_cleanup(&self) -> bool {
         self.cleanup.as_ref().is_some_and(DefunctCleanup::is_active)
     }
@@ -300,10 +307,8 @@ impl Silo {
     pub fn crash(self) {
         self.heartbeat.abort();
         self.detector.abort();
-        // Dropping the cleanup handle leaves its task running until the runtime ends; stop it.
-        if let Some(c) = self.cleanup {
-            tokio::spawn(c.stop());
-        }
+        // Detaches from the shared cleanup (the last silo's handle stops it).
+        drop(self.cleanup);
     }
 
     /// Waits until the heartbeat stops for good or `timeout` passes; returns the last health.

@@ -14,7 +14,7 @@ use cassandra_membership::{
 use crate::utils::{entry, faulty, faulty_on_paused_clock, options};
 
 #[tokio::test(start_paused = true)]
-async fn defunct_cleanup_runs_once_per_period_and_only_once_per_process() {
+async fn defunct_cleanup_runs_once_per_period_and_is_shared_within_a_process() {
     let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
     let table = Arc::new(InMemoryMembershipTable::new("cleanup").with_clock(clock.clone()));
     table.initialize(true).await.unwrap();
@@ -27,22 +27,23 @@ async fn defunct_cleanup_runs_once_per_period_and_only_once_per_process() {
     let cleanup = DefunctCleanup::spawn(table.clone(), &o, clock.clone())
         .unwrap()
         .unwrap();
-    let second = DefunctCleanup::spawn(table.clone(), &o, clock.clone());
-    assert!(
-        matches!(second, Err(MembershipError::InvalidConfiguration { .. })),
-        "one per process"
-    );
+    let second = DefunctCleanup::spawn(table.clone(), &o, clock.clone())
+        .unwrap()
+        .expect("a second handle attaches to the running cleanup");
     let mut removed = cleanup.removed();
     tokio::time::timeout(Duration::from_secs(3600), removed.wait_for(|n| *n == 1))
         .await
         .expect("the first run falls within the first period")
         .unwrap();
+    assert_eq!(*second.removed().borrow(), 1, "one cleanup, seen by both");
     assert!(table.read_all().await.unwrap().rows.is_empty());
     cleanup.stop().await;
+    second.stop().await;
     // Once stopped, another may start.
     let again = DefunctCleanup::spawn(table.clone(), &o, clock.clone())
         .unwrap()
         .unwrap();
+    assert_eq!(*again.removed().borrow(), 0, "a fresh cleanup");
     again.stop().await;
 }
 
@@ -96,8 +97,8 @@ async fn cleanup_sleeps_while_storage_expiry_covers_it_and_runs_once_it_does_not
     cleanup.stop().await;
 }
 
-/// Unrelated tables do not share a cleanup registration, and a refused second cleanup
-/// on the same table leaves nothing written.
+/// Unrelated tables do not share a cleanup, and a silo whose cleanup options differ from the
+/// shared cleanup's (the first silo's) is refused before anything is written.
 #[tokio::test(start_paused = true)]
 async fn silos_on_unrelated_tables_with_the_same_cluster_id_both_join() {
     let clock = Arc::new(TokioClock::new());
@@ -117,12 +118,14 @@ async fn silos_on_unrelated_tables_with_the_same_cluster_id_both_join() {
         .await
         .expect("an unrelated table has its own cleanup");
     assert!(a.runs_defunct_cleanup() && b.runs_defunct_cleanup());
-    // The same table twice: refused, and before anything was written.
+    // The same table with another cleanup period: refused, naming the option, and before
+    // anything was written.
+    let other = o.defunct_silo_cleanup_period(Some(Duration::from_secs(60)));
     let refused =
-        cassandra_membership::Silo::join_with_clock(first.clone(), entry(3), o, clock.clone())
+        cassandra_membership::Silo::join_with_clock(first.clone(), entry(3), other, clock.clone())
             .await;
     assert!(
-        matches!(refused, Err(MembershipError::InvalidConfiguration { .. })),
+        matches!(&refused, Err(MembershipError::InvalidConfiguration { option, .. }) if option == "defunct_silo_cleanup_period"),
         "{refused:?}"
     );
     let third: SiloAddress = "10.0.0.3:11111@1".parse().unwrap();
@@ -162,4 +165,93 @@ async fn a_hung_defunct_cleanup_is_bounded_and_does_not_block_leave() {
             .status,
         SiloStatus::Dead
     );
+}
+
+/// Joins silo `n` on `table` with `o` on the paused clock (the one place to adapt when
+/// `Silo::join` takes its options from the table).
+async fn join_with(
+    table: Arc<impl MembershipTable + 'static>,
+    n: u8,
+    o: &MembershipOptions,
+    clock: &Arc<TokioClock>,
+) -> cassandra_membership::Silo {
+    cassandra_membership::Silo::join_with_clock(table, entry(n), o.clone(), clock.clone())
+        .await
+        .unwrap_or_else(|e| panic!("silo {n} could not join: {e}"))
+}
+
+/// Issue 24: a host's own test of a three-silo cluster on the in-memory table, with the
+/// default options, in one process.
+#[tokio::test(start_paused = true)]
+async fn three_silos_of_one_process_join_one_table_with_the_default_options() {
+    let clock = Arc::new(TokioClock::new());
+    let table = Arc::new(InMemoryMembershipTable::new("three").with_clock(clock.clone()));
+    let o = MembershipOptions::default();
+    let mut silos = Vec::new();
+    for n in 1..=3 {
+        silos.push(join_with(table.clone(), n, &o, &clock).await);
+    }
+    for silo in &silos {
+        assert!(
+            silo.runs_defunct_cleanup(),
+            "{} shares the cleanup",
+            silo.address()
+        );
+        assert_eq!(silo.entry_status().await.unwrap(), Some(SiloStatus::Active));
+    }
+    for silo in silos {
+        silo.leave().await.unwrap();
+    }
+}
+
+/// The silos of a process share one cleanup of a table: one run per period however many
+/// silos are attached, still running after the silo that started it left, stopped with the
+/// last one.
+#[tokio::test(start_paused = true)]
+async fn silos_of_one_process_share_one_cleanup_which_outlives_its_starter_and_stops_with_the_last()
+{
+    let (clock, table) = faulty_on_paused_clock();
+    let mut o = MembershipOptions::default();
+    let period = Duration::from_secs(60);
+    o.defunct_silo_cleanup_period = Some(period);
+    o.defunct_silo_cleanup_jitter = Duration::ZERO;
+    let first = join_with(table.clone(), 1, &o, &clock).await;
+    let second = join_with(table.clone(), 2, &o, &clock).await;
+    let third = join_with(table.clone(), 3, &o, &clock).await;
+    let runs = || table.calls(Operation::CleanupDefunct);
+    // The first run falls within the first period; then one per period.
+    tokio::time::sleep(period).await;
+    let start = runs();
+    tokio::time::sleep(10 * period).await;
+    let shared = runs() - start;
+    assert!(
+        (9..=11).contains(&shared),
+        "{shared} cleanup runs in 10 periods with three silos: exactly one cleanup runs"
+    );
+    // The silo that started it leaves: the cleanup goes on for the two others.
+    first.leave().await.unwrap();
+    let start = runs();
+    tokio::time::sleep(10 * period).await;
+    let after_first = runs() - start;
+    assert!(
+        (9..=11).contains(&after_first),
+        "{after_first} runs in 10 periods after the starter left"
+    );
+    assert!(second.runs_defunct_cleanup());
+    // One leaves, one crashes: the last one gone, the cleanup stops.
+    second.leave().await.unwrap();
+    third.crash();
+    tokio::time::sleep(period).await;
+    let settled = runs();
+    tokio::time::sleep(10 * period).await;
+    assert_eq!(
+        runs(),
+        settled,
+        "no cleanup runs after the last silo is gone"
+    );
+    // And a silo joining later starts a fresh one.
+    let fourth = join_with(table.clone(), 4, &o, &clock).await;
+    tokio::time::sleep(2 * period).await;
+    assert!(runs() > settled, "a later silo starts the cleanup again");
+    fourth.leave().await.unwrap();
 }
