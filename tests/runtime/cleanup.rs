@@ -7,8 +7,8 @@ use std::time::Duration;
 use cassandra_membership::conformance::faults::{Injection, Operation};
 use cassandra_membership::runtime::{DefunctCleanup, protocol};
 use cassandra_membership::{
-    Clock, InMemoryMembershipTable, MembershipError, MembershipOptions, MembershipTable,
-    SiloAddress, SiloStatus, Timestamp, TokioClock,
+    Clock, InMemoryMembershipTable, MembershipEntry, MembershipError, MembershipOptions,
+    MembershipTable, SiloAddress, SiloStatus, Timestamp, TokioClock,
 };
 
 use crate::utils::{entry, faulty, faulty_on_paused_clock, options};
@@ -254,4 +254,162 @@ async fn silos_of_one_process_share_one_cleanup_which_outlives_its_starter_and_s
     tokio::time::sleep(2 * period).await;
     assert!(runs() > settled, "a later silo starts the cleanup again");
     fourth.leave().await.unwrap();
+}
+
+/// Entry `n` (10.0.0.n:11111@1) with `status`, last active `ago` before `clock`'s now.
+fn entry_ago(n: u8, status: SiloStatus, ago: Duration, clock: &dyn Clock) -> MembershipEntry {
+    let mut e = entry(n);
+    e.status = status;
+    e.start_time = clock.now().saturating_sub(ago);
+    e.i_am_alive_time = e.start_time;
+    e
+}
+
+async fn dead_entries(table: &dyn MembershipTable) -> std::collections::BTreeSet<SiloAddress> {
+    table
+        .read_all()
+        .await
+        .unwrap()
+        .rows
+        .iter()
+        .filter(|r| r.entry.status == SiloStatus::Dead)
+        .map(|r| r.entry.address)
+        .collect()
+}
+
+fn address(n: u8) -> SiloAddress {
+    format!("10.0.0.{n}:11111@1").parse().unwrap()
+}
+
+fn every_minute_keeping(max: i64) -> MembershipOptions {
+    MembershipOptions::default()
+        .defunct_silo_cleanup_period(Some(Duration::from_secs(60)))
+        .defunct_silo_cleanup_jitter(Duration::ZERO)
+        .max_defunct_silo_entries(Some(max))
+}
+
+/// Issue 25: only the first Active silo by address order applies `max_defunct_silo_entries`;
+/// a process whose silo is not first leaves the Dead entries alone, and once a first silo
+/// attaches to the shared cleanup, the oldest excess Dead entries go.
+#[tokio::test(start_paused = true)]
+async fn only_the_first_active_silo_removes_the_oldest_excess_dead_entries() {
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
+    let table = Arc::new(InMemoryMembershipTable::new("dead-limit").with_clock(clock.clone()));
+    table.initialize(true).await.unwrap();
+    let minute = Duration::from_secs(60);
+    for n in [1, 2] {
+        let active = entry_ago(n, SiloStatus::Active, Duration::ZERO, clock.as_ref());
+        protocol::join(table.as_ref(), &active).await.unwrap();
+    }
+    // Six Dead entries, the newest (10.0.0.20) 1 min old, the oldest (10.0.0.25) 6 min old.
+    for k in 0..6u8 {
+        let dead = entry_ago(
+            20 + k,
+            SiloStatus::Dead,
+            u32::from(k + 1) * minute,
+            clock.as_ref(),
+        );
+        protocol::join(table.as_ref(), &dead).await.unwrap();
+    }
+    let o = every_minute_keeping(3);
+    let second = DefunctCleanup::spawn_for(table.clone(), &o, clock.clone(), address(2))
+        .unwrap()
+        .unwrap();
+    assert!(second.is_active());
+    tokio::time::sleep(5 * minute).await;
+    assert_eq!(
+        dead_entries(table.as_ref()).await.len(),
+        6,
+        "10.0.0.2 is not the first Active silo: it removes no Dead entry"
+    );
+    let first = DefunctCleanup::spawn_for(table.clone(), &o, clock.clone(), address(1))
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(2 * minute).await;
+    assert_eq!(
+        dead_entries(table.as_ref()).await,
+        [address(20), address(21), address(22)].into(),
+        "the three newest Dead entries stay"
+    );
+    assert_eq!(*first.removed().borrow(), 3);
+    first.stop().await;
+    second.stop().await;
+}
+
+/// The count limit is not the age limit: storage-side expiry removes entries by age and never
+/// bounds how many Dead ones a churning cluster keeps, so the count limit runs while storage
+/// expiry covers the age limit.
+#[tokio::test(start_paused = true)]
+async fn the_dead_entry_limit_runs_while_storage_expiry_covers_the_age_limit() {
+    let (clock, table) = faulty_on_paused_clock();
+    table.set_covers_defunct_cleanup(Some(true));
+    table.initialize(true).await.unwrap();
+    let minute = Duration::from_secs(60);
+    let active = entry_ago(1, SiloStatus::Active, Duration::ZERO, clock.as_ref());
+    protocol::join(table.as_ref(), &active).await.unwrap();
+    for k in 0..5u8 {
+        let dead = entry_ago(
+            20 + k,
+            SiloStatus::Dead,
+            u32::from(k + 1) * minute,
+            clock.as_ref(),
+        );
+        protocol::join(table.as_ref(), &dead).await.unwrap();
+    }
+    let cleanup = DefunctCleanup::spawn_for(
+        table.clone(),
+        &every_minute_keeping(2),
+        clock.clone(),
+        address(1),
+    )
+    .unwrap()
+    .unwrap();
+    assert!(cleanup.is_active(), "the count limit cleans");
+    tokio::time::sleep(2 * minute).await;
+    assert_eq!(
+        dead_entries(table.as_ref()).await,
+        [address(20), address(21)].into()
+    );
+    let calls = table.calls(Operation::CleanupDefunct);
+    assert_eq!(
+        calls, 1,
+        "one call removed the excess; within the limit, none"
+    );
+    tokio::time::sleep(5 * minute).await;
+    assert_eq!(table.calls(Operation::CleanupDefunct), calls);
+    cleanup.stop().await;
+    // Off, the cleanup is idle while storage covers the age limit.
+    let o = every_minute_keeping(2).max_defunct_silo_entries(None);
+    let idle = DefunctCleanup::spawn_for(table.clone(), &o, clock.clone(), address(1))
+        .unwrap()
+        .unwrap();
+    assert!(!idle.is_active());
+    idle.stop().await;
+}
+
+/// End to end: silos that leave become Dead entries; the first Active silo of the process keeps
+/// only the newest `max_defunct_silo_entries` of them.
+#[tokio::test(start_paused = true)]
+async fn silos_that_left_are_pruned_down_to_the_dead_entry_limit() {
+    let (clock, table) = faulty_on_paused_clock();
+    let o = every_minute_keeping(2);
+    let mut silos = Vec::new();
+    for n in 1..=5 {
+        silos.push(join_with(table.clone(), n, &o, &clock).await);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    // 10.0.0.3, .4 and .5 leave, in that order, a second apart: .3 is the oldest Dead entry.
+    for silo in silos.split_off(2) {
+        silo.leave().await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(dead_entries(table.as_ref()).await.len(), 3);
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(
+        dead_entries(table.as_ref()).await,
+        [address(4), address(5)].into()
+    );
+    for silo in silos {
+        silo.leave().await.unwrap();
+    }
 }
