@@ -54,8 +54,9 @@ impl Silo {
         Self::join_with_clock(table, entry, options, Arc::new(SystemClock)).await
     }
 
-    /// Validates the options and registers the defunct cleanup (unless storage expiry covers
-    /// it) before anything is written; then initializes the table, inserts `entry` as Joining,
+    /// Validates the options and attaches to this process's defunct cleanup of the table
+    /// (starting it for the first silo; [`DefunctCleanup`] — refused when its options differ)
+    /// before anything is written; then initializes the table, inserts `entry` as Joining,
     /// moves it to Active, and starts the heartbeat and the failure detector (every publish
     /// period; it also watches this silo's own row). Conflicts, reads that give up and calls
     /// that time out are retried with jittered backoff; the whole join, calls in flight
