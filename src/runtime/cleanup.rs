@@ -495,6 +495,68 @@ mod tests {
         assert_eq!(s.next_delay(1.0), Duration::from_secs(3900));
     }
 
+    fn at(address: &str, status: SiloStatus, millis: i64) -> MembershipEntry {
+        MembershipEntry::new(
+            address.parse().unwrap(),
+            status,
+            Timestamp::from_millis(millis),
+        )
+    }
+
+    #[test]
+    fn the_cutoff_is_one_tick_after_the_newest_dead_entry_beyond_the_limit() {
+        let entries = [
+            at("10.0.0.1:1@1", SiloStatus::Dead, 100),
+            at("10.0.0.2:1@1", SiloStatus::Dead, 300),
+            at("10.0.0.3:1@1", SiloStatus::Dead, 200),
+            at("10.0.0.4:1@1", SiloStatus::Joining, 50),
+            at("10.0.0.5:1@1", SiloStatus::Active, 10),
+        ];
+        assert_eq!(excess_dead_cutoff(&entries, 3), None, "within the limit");
+        assert_eq!(
+            excess_dead_cutoff(&entries, 2),
+            Some(Timestamp::from_millis(101))
+        );
+        assert_eq!(
+            excess_dead_cutoff(&entries, 1),
+            Some(Timestamp::from_millis(201))
+        );
+        assert_eq!(
+            excess_dead_cutoff(&entries, 0),
+            Some(Timestamp::from_millis(301))
+        );
+        assert_eq!(TIMESTAMP_TICK, Duration::from_millis(1));
+        let mut voted = at("10.0.0.6:1@1", SiloStatus::Dead, 0);
+        voted.suspect_times.push(crate::model::SuspectTime {
+            suspecting_silo: "10.0.0.5:1@1".parse().unwrap(),
+            time: Timestamp::from_millis(400),
+        });
+        let ranked = [entries[0].clone(), voted];
+        assert_eq!(
+            excess_dead_cutoff(&ranked, 1),
+            Some(Timestamp::from_millis(101)),
+            "a recent vote ranks an entry as recent"
+        );
+    }
+
+    #[test]
+    fn silos_are_ordered_by_generation_then_port_then_address() {
+        let a = |s: &str| -> SiloAddress { s.parse().unwrap() };
+        let order = |x: &str, y: &str| silo_address_order(&a(x), &a(y));
+        assert_eq!(order("10.0.0.9:9@1", "10.0.0.1:1@2"), Ordering::Less);
+        assert_eq!(order("10.0.0.9:1@1", "10.0.0.1:2@1"), Ordering::Less);
+        assert_eq!(order("10.0.0.1:1@1", "10.0.0.2:1@1"), Ordering::Less);
+        assert_eq!(order("10.0.0.1:1@1", "[::1]:1@1"), Ordering::Less);
+        assert_eq!(order("10.0.0.1:1@1", "10.0.0.1:1@1"), Ordering::Equal);
+        let entries = [
+            at("10.0.0.1:1@5", SiloStatus::Active, 0),
+            at("10.0.0.2:1@3", SiloStatus::Active, 0),
+            at("10.0.0.3:1@1", SiloStatus::Dead, 0),
+        ];
+        assert_eq!(first_active_silo(&entries), Some(a("10.0.0.2:1@3")));
+        assert_eq!(first_active_silo(&entries[2..]), None);
+    }
+
     #[test]
     fn no_schedule_when_disabled() {
         let o = MembershipOptions {
