@@ -3,7 +3,9 @@
 //!
 //! A host runs [`Silo`](crate::Silo) and watches its [`SiloHealth`](crate::SiloHealth) (both at
 //! the crate root). Public here are the pieces a host assembling its own runtime needs: the
-//! [`DefunctCleanup`] task and the versioned [`protocol`] steps.
+//! [`DefunctCleanup`] task (shared by a process's silos on a table), the rule of
+//! `max_defunct_silo_entries` ([`remove_excess_dead_entries`] and its pure parts) and the
+//! versioned [`protocol`] steps.
 
 mod cleanup;
 pub(crate) mod health;
