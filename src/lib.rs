@@ -54,7 +54,7 @@ pub use model::{
 };
 pub use options::MembershipOptions;
 pub use runtime::health::SiloHealth;
-pub use runtime::silo::Silo;
+pub use runtime::silo::{Silo, SiloBuilder};
 pub use table::{HeartbeatOutcome, Lease, MembershipTable, StorageExpiry};
 
 // The README's code compiles (its Rust blocks are doc tests).

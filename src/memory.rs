@@ -14,6 +14,7 @@ use crate::model::{
     ETag, MembershipEntry, MembershipRow, MembershipSnapshot, SiloAddress, SiloStatus,
     TableVersion, Timestamp,
 };
+use crate::options::MembershipOptions;
 use crate::table::{HeartbeatOutcome, Lease, MembershipTable, StorageExpiry};
 
 /// A membership table held in process memory.
@@ -46,6 +47,7 @@ pub struct InMemoryMembershipTable {
     cluster_id: Arc<str>,
     clock: Arc<dyn Clock>,
     ttl: Option<Duration>,
+    options: Arc<MembershipOptions>,
 }
 
 #[derive(Debug, Default)]
@@ -123,14 +125,32 @@ impl Cluster {
 }
 
 impl InMemoryMembershipTable {
-    /// A new, empty store without expiry, on the system clock, with a handle on `cluster_id`.
+    /// A new, empty store without expiry, on the system clock, with default
+    /// [`MembershipOptions`], with a handle on `cluster_id`.
     pub fn new(cluster_id: impl Into<String>) -> Self {
         InMemoryMembershipTable {
             store: Arc::default(),
             cluster_id: Arc::from(cluster_id.into()),
             clock: Arc::new(SystemClock),
             ttl: None,
+            options: Arc::default(),
         }
+    }
+
+    /// Sets the cluster's membership options ([`MembershipTable::membership_options`]): what
+    /// [`Silo::join`](crate::Silo::join) runs with on this table. Checked when a silo joins.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cassandra_membership::{InMemoryMembershipTable, MembershipOptions, MembershipTable};
+    /// let table = InMemoryMembershipTable::new("c").with_options(
+    ///     MembershipOptions::default().i_am_alive_table_publish_timeout(Duration::from_secs(5)),
+    /// );
+    /// assert_eq!(table.membership_options().i_am_alive_table_publish_timeout, Duration::from_secs(5));
+    /// ```
+    pub fn with_options(mut self, options: MembershipOptions) -> Self {
+        self.options = Arc::new(options);
+        self
     }
 
     /// Turns storage-side expiry on: entries live `ttl` after their last write or heartbeat.
@@ -145,13 +165,14 @@ impl InMemoryMembershipTable {
         self
     }
 
-    /// A handle on another cluster of the same store (same expiry and clock).
+    /// A handle on another cluster of the same store (same expiry, clock and options).
     pub fn for_cluster(&self, cluster_id: impl Into<String>) -> Self {
         InMemoryMembershipTable {
             store: Arc::clone(&self.store),
             cluster_id: Arc::from(cluster_id.into()),
             clock: Arc::clone(&self.clock),
             ttl: self.ttl,
+            options: Arc::clone(&self.options),
         }
     }
 
@@ -193,6 +214,10 @@ impl MembershipTable for InMemoryMembershipTable {
     /// `memory:<store>/<cluster>`: handles made by `clone` or `for_cluster` of one store share it.
     fn identity(&self) -> String {
         format!("memory:{:p}/{}", Arc::as_ptr(&self.store), self.cluster_id)
+    }
+
+    fn membership_options(&self) -> &MembershipOptions {
+        &self.options
     }
 
     fn storage_expiry(&self) -> StorageExpiry {

@@ -9,6 +9,7 @@ use crate::error::Result;
 use crate::model::{
     ETag, MembershipEntry, MembershipSnapshot, SiloAddress, TableVersion, Timestamp,
 };
+use crate::options::MembershipOptions;
 
 /// How long a silo's entry is guaranteed to live and when it should be refreshed — the
 /// equivalent of a resolver's registration lifetime.
@@ -103,6 +104,14 @@ pub trait MembershipTable: Send + Sync + Debug {
             self.cluster_id()
         )
     }
+
+    /// The membership options of this table's cluster: the one source of them for
+    /// [`Silo::join`](crate::Silo::join) (publish period, votes, cleanup, timeouts) and for the
+    /// backend itself (the TTL is `defunct_silo_expiration`). The Cassandra table returns its
+    /// `CassandraClusteringOptions::membership`; the in-memory table the options given to
+    /// [`InMemoryMembershipTable::with_options`](crate::InMemoryMembershipTable::with_options).
+    /// A wrapper forwards its inner table's.
+    fn membership_options(&self) -> &MembershipOptions;
 
     /// What storage-side expiry this table applies.
     fn storage_expiry(&self) -> StorageExpiry {

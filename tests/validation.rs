@@ -34,16 +34,26 @@ fn membership_options_that_cannot_work_are_refused() {
 
 #[test]
 fn cassandra_options_name_the_full_path_and_never_overflow() {
-    let blank = CassandraClusteringOptions::new("ks", "svc", "   ");
+    let blank = CassandraClusteringOptions::default()
+        .keyspace("ks")
+        .service_id("svc")
+        .cluster_id("   ");
     assert_eq!(option_of(blank.validate()), "cluster_id");
-    let mut o = CassandraClusteringOptions::new("ks", "svc", "c").ttl(true);
+    let mut o = CassandraClusteringOptions::default()
+        .keyspace("ks")
+        .service_id("svc")
+        .cluster_id("c")
+        .ttl(true);
     o.ttl_renewal_interval = Some(Duration::MAX);
     let r = std::panic::catch_unwind(|| o.validate());
     assert_eq!(
         option_of(r.expect("validate() must not panic")),
         "ttl_renewal_interval"
     );
-    let mut o = CassandraClusteringOptions::new("ks", "svc", "c");
+    let mut o = CassandraClusteringOptions::default()
+        .keyspace("ks")
+        .service_id("svc")
+        .cluster_id("c");
     o.membership.defunct_silo_expiration = Duration::ZERO;
     assert_eq!(
         option_of(o.validate()),
@@ -114,7 +124,10 @@ fn max_defunct_silo_entries_is_a_count_or_off_and_a_negative_one_is_refused_by_n
         ),
         "max_defunct_silo_entries"
     );
-    let mut o = CassandraClusteringOptions::new("ks", "svc", "c");
+    let mut o = CassandraClusteringOptions::default()
+        .keyspace("ks")
+        .service_id("svc")
+        .cluster_id("c");
     o.membership.max_defunct_silo_entries = Some(-1);
     assert_eq!(
         option_of(o.validate()),

@@ -32,7 +32,10 @@ fn unique_table() -> String {
 const SERVICE: &str = "shop";
 
 fn options(table: &str, cluster: &str, ttl: bool) -> CassandraClusteringOptions {
-    let mut o = CassandraClusteringOptions::new(keyspace(), SERVICE, cluster)
+    let mut o = CassandraClusteringOptions::default()
+        .keyspace(keyspace())
+        .service_id(SERVICE)
+        .cluster_id(cluster)
         .contact_points(contact_points().split(','))
         .table(table)
         .create_keyspace_simple(1)

@@ -62,6 +62,7 @@ use crate::error::{MembershipError, Result};
 use crate::model::{
     ETag, MembershipEntry, MembershipSnapshot, SiloAddress, TableVersion, Timestamp,
 };
+use crate::options::MembershipOptions;
 use crate::table::{HeartbeatOutcome, MembershipTable, StorageExpiry};
 use bind::ttl_value;
 use exec::Counters;
@@ -108,7 +109,10 @@ struct Shared {
 /// ```no_run
 /// use cassandra_membership::{CassandraClusteringOptions, CassandraMembershipTable, MembershipTable};
 /// # async fn f() -> cassandra_membership::Result<()> {
-/// let options = CassandraClusteringOptions::new("orleans", "my-service", "blue")
+/// let options = CassandraClusteringOptions::default()
+///     .keyspace("orleans")
+///     .service_id("my-service")
+///     .cluster_id("blue")
 ///     .contact_points(["10.0.0.5:9042"])
 ///     .ttl(true);
 /// let table = CassandraMembershipTable::connect(options).await?;
@@ -274,7 +278,7 @@ impl CassandraMembershipTable {
                 let o = self.options();
                 // Every first operation of a table value, `initialize` or not (the CLI's).
                 self.check_datacenter_known()?;
-                Statements::prepare(
+                let prepared = Statements::prepare(
                     self.session(),
                     &self.shared.qualified,
                     o.consistency,
@@ -282,10 +286,32 @@ impl CassandraMembershipTable {
                     o.request_timeout,
                     o.page_size,
                 )
-                .await
-                .map_err(|e| errors::prepare_error(&self.shared.qualified, e))
+                .await;
+                match prepared {
+                    Ok(st) => Ok(st),
+                    Err(e) => Err(self
+                        .keyspace_missing(errors::prepare_error(&self.shared.qualified, e))
+                        .await),
+                }
             })
             .await
+    }
+
+    /// A refused statement is a schema problem: a missing keyspace is told apart from a missing
+    /// or different table by asking the schema tables (the node's message is not an interface).
+    /// Without `initialize` (the CLI, a host's read-only table value) this is where a missing
+    /// keyspace shows.
+    async fn keyspace_missing(&self, e: MembershipError) -> MembershipError {
+        if !matches!(e, MembershipError::SchemaMismatch { .. }) {
+            return e;
+        }
+        match self.keyspace_exists().await {
+            Ok(false) => MembershipError::KeyspaceMissing {
+                keyspace: self.options().keyspace.clone(),
+            },
+            // Present, or unknown: the mismatch as it was found.
+            Ok(true) | Err(_) => e,
+        }
     }
 
     /// Names the configured user in an access failure (the driver's errors do not know it).
@@ -349,6 +375,11 @@ impl MembershipTable for CassandraMembershipTable {
             self.service_id(),
             self.cluster_id
         )
+    }
+
+    /// `options().membership`.
+    fn membership_options(&self) -> &MembershipOptions {
+        &self.shared.options.membership
     }
 
     fn storage_expiry(&self) -> StorageExpiry {

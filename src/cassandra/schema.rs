@@ -115,13 +115,8 @@ impl CassandraMembershipTable {
             self.await_schema_agreement().await?;
         }
         if !self.keyspace_exists_settled().await? {
-            return Err(MembershipError::SchemaMismatch {
-                table: self.shared.qualified.clone(),
-                detail: format!(
-                    "keyspace {:?} does not exist: create it with the replication your cluster needs \
-                     (the provider does not choose one), or for development set create_keyspace_with_replication",
-                    o.keyspace
-                ),
+            return Err(MembershipError::KeyspaceMissing {
+                keyspace: o.keyspace.clone(),
             });
         }
         self.check_local_datacenter().await?;
@@ -237,7 +232,7 @@ impl CassandraMembershipTable {
         }
     }
 
-    async fn keyspace_exists(&self) -> Result<bool> {
+    pub(super) async fn keyspace_exists(&self) -> Result<bool> {
         let rows = self
             .read_system_schema(
                 "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",

@@ -38,7 +38,10 @@ async fn fifty_tables_initialize_in_parallel_against_a_fresh_keyspace() {
     let tasks: Vec<_> = (0..50)
         .map(|i| {
             let s = Arc::clone(&s);
-            let o = CassandraClusteringOptions::new(&keyspace, "svc", format!("c{i}"))
+            let o = CassandraClusteringOptions::default()
+                .keyspace(&keyspace)
+                .service_id("svc")
+                .cluster_id(format!("c{i}"))
                 .contact_points(contact_points())
                 .create_keyspace_simple(1);
             tokio::spawn(async move {
@@ -380,7 +383,10 @@ async fn invalid_identifiers_are_rejected_before_any_statement() {
 
 #[tokio::test]
 async fn unreachable_nodes_are_reported_as_unavailable() {
-    let o = CassandraClusteringOptions::new(KEYSPACE, "svc", "c")
+    let o = CassandraClusteringOptions::default()
+        .keyspace(KEYSPACE)
+        .service_id("svc")
+        .cluster_id("c")
         .contact_points(["127.0.0.1:1"])
         .request_timeout(Duration::from_secs(1));
     match CassandraMembershipTable::connect(o).await {
@@ -583,7 +589,11 @@ async fn a_missing_keyspace_is_named_and_never_created_silently() {
     let keyspace = unique("nokeyspace").replace('-', "_")[..30].to_owned();
     let t = table_on(
         &s,
-        CassandraClusteringOptions::new(&keyspace, "svc", "c").contact_points(contact_points()),
+        CassandraClusteringOptions::default()
+            .keyspace(&keyspace)
+            .service_id("svc")
+            .cluster_id("c")
+            .contact_points(contact_points()),
     );
     match t.initialize(true).await {
         Err(MembershipError::SchemaMismatch { detail, .. }) => {

@@ -34,13 +34,7 @@ async fn silos_join_detect_a_crash_leave_and_the_cluster_expires() {
             generation,
         )
         .unwrap();
-        let silo = Silo::join(
-            Arc::clone(&table),
-            MembershipEntry::new(a, SiloStatus::Joining, Timestamp::now()),
-            m.clone(),
-        )
-        .await
-        .unwrap();
+        let silo = Silo::join(Arc::clone(&table), a).await.unwrap();
         assert!(
             !silo.runs_defunct_cleanup(),
             "storage expiry covers cleanup"
@@ -168,13 +162,9 @@ async fn two_silos_share_one_cleanup_which_keeps_the_newest_dead_entries() {
     let mut silos = Vec::new();
     for port in [13001u16, 13002] {
         let a = SiloAddress::new(format!("127.0.0.1:{port}").parse().unwrap(), generation).unwrap();
-        let silo = Silo::join(
-            Arc::clone(&table),
-            MembershipEntry::new(a, SiloStatus::Joining, Timestamp::now()),
-            m.clone(),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{a} could not join: {e}"));
+        let silo = Silo::join(Arc::clone(&table), a)
+            .await
+            .unwrap_or_else(|e| panic!("{a} could not join: {e}"));
         assert!(silo.runs_defunct_cleanup());
         silos.push(silo);
     }

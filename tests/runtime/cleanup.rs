@@ -11,7 +11,10 @@ use cassandra_membership::{
     MembershipTable, SiloAddress, SiloStatus, Timestamp, TokioClock,
 };
 
-use crate::utils::{entry, faulty, faulty_on_paused_clock, options};
+use crate::utils::{
+    address, entry, faulty, faulty_on_paused_clock, faulty_on_paused_clock_with, join, options,
+    try_join,
+};
 
 #[tokio::test(start_paused = true)]
 async fn defunct_cleanup_runs_once_per_period_and_is_shared_within_a_process() {
@@ -104,26 +107,27 @@ async fn silos_on_unrelated_tables_with_the_same_cluster_id_both_join() {
     let clock = Arc::new(TokioClock::new());
     let mut o = options();
     o.defunct_silo_cleanup_period = Some(Duration::from_secs(3600));
-    let first = Arc::new(InMemoryMembershipTable::new("default").with_clock(clock.clone()));
-    let second = Arc::new(InMemoryMembershipTable::new("default").with_clock(clock.clone()));
-    let a = cassandra_membership::Silo::join_with_clock(
-        first.clone(),
-        entry(1),
-        o.clone(),
-        clock.clone(),
-    )
-    .await
-    .unwrap();
-    let b = cassandra_membership::Silo::join_with_clock(second, entry(2), o.clone(), clock.clone())
+    let unrelated = || {
+        InMemoryMembershipTable::new("default")
+            .with_clock(clock.clone())
+            .with_options(o.clone())
+    };
+    let first = Arc::new(unrelated());
+    let second = Arc::new(unrelated());
+    let a = join(first.clone(), 1, &clock).await;
+    let b = try_join(second, 2, &clock)
         .await
         .expect("an unrelated table has its own cleanup");
     assert!(a.runs_defunct_cleanup() && b.runs_defunct_cleanup());
-    // The same table with another cleanup period: refused, naming the option, and before
-    // anything was written.
-    let other = o.defunct_silo_cleanup_period(Some(Duration::from_secs(60)));
-    let refused =
-        cassandra_membership::Silo::join_with_clock(first.clone(), entry(3), other, clock.clone())
-            .await;
+    // The same table (another handle on its store) with another cleanup period: refused,
+    // naming the option, and before anything was written.
+    let other = Arc::new(
+        (*first).clone().with_options(
+            o.clone()
+                .defunct_silo_cleanup_period(Some(Duration::from_secs(60))),
+        ),
+    );
+    let refused = try_join(other, 3, &clock).await;
     assert!(
         matches!(&refused, Err(MembershipError::InvalidConfiguration { option, .. }) if option == "defunct_silo_cleanup_period"),
         "{refused:?}"
@@ -141,15 +145,12 @@ async fn silos_on_unrelated_tables_with_the_same_cluster_id_both_join() {
 /// `leave` before its ShuttingDown and Dead writes.
 #[tokio::test(start_paused = true)]
 async fn a_hung_defunct_cleanup_is_bounded_and_does_not_block_leave() {
-    let (clock, table) = faulty_on_paused_clock();
-    table.inject(Injection::hang(Operation::CleanupDefunct));
     let mut o = options();
     o.defunct_silo_cleanup_period = Some(Duration::from_secs(60));
     o.defunct_silo_cleanup_jitter = Duration::ZERO;
-    let silo =
-        cassandra_membership::Silo::join_with_clock(table.clone(), entry(1), o, clock.clone())
-            .await
-            .unwrap();
+    let (clock, table) = faulty_on_paused_clock_with(o);
+    table.inject(Injection::hang(Operation::CleanupDefunct));
+    let silo = join(table.clone(), 1, &clock).await;
     assert!(silo.runs_defunct_cleanup());
     tokio::time::sleep(Duration::from_secs(200)).await;
     let runs = table.calls(Operation::CleanupDefunct);
@@ -167,15 +168,13 @@ async fn a_hung_defunct_cleanup_is_bounded_and_does_not_block_leave() {
     );
 }
 
-/// Joins silo `n` on `table` with `o` on the paused clock (the one place to adapt when
-/// `Silo::join` takes its options from the table).
+/// Joins silo `n` on `table` (with the table's options) on the paused clock.
 async fn join_with(
     table: Arc<impl MembershipTable + 'static>,
     n: u8,
-    o: &MembershipOptions,
     clock: &Arc<TokioClock>,
 ) -> cassandra_membership::Silo {
-    cassandra_membership::Silo::join_with_clock(table, entry(n), o.clone(), clock.clone())
+    try_join(table, n, clock)
         .await
         .unwrap_or_else(|e| panic!("silo {n} could not join: {e}"))
 }
@@ -185,11 +184,11 @@ async fn join_with(
 #[tokio::test(start_paused = true)]
 async fn three_silos_of_one_process_join_one_table_with_the_default_options() {
     let clock = Arc::new(TokioClock::new());
+    // `new` gives the table the default options.
     let table = Arc::new(InMemoryMembershipTable::new("three").with_clock(clock.clone()));
-    let o = MembershipOptions::default();
     let mut silos = Vec::new();
     for n in 1..=3 {
-        silos.push(join_with(table.clone(), n, &o, &clock).await);
+        silos.push(join_with(table.clone(), n, &clock).await);
     }
     for silo in &silos {
         assert!(
@@ -210,14 +209,14 @@ async fn three_silos_of_one_process_join_one_table_with_the_default_options() {
 #[tokio::test(start_paused = true)]
 async fn silos_of_one_process_share_one_cleanup_which_outlives_its_starter_and_stops_with_the_last()
 {
-    let (clock, table) = faulty_on_paused_clock();
     let mut o = MembershipOptions::default();
     let period = Duration::from_secs(60);
     o.defunct_silo_cleanup_period = Some(period);
     o.defunct_silo_cleanup_jitter = Duration::ZERO;
-    let first = join_with(table.clone(), 1, &o, &clock).await;
-    let second = join_with(table.clone(), 2, &o, &clock).await;
-    let third = join_with(table.clone(), 3, &o, &clock).await;
+    let (clock, table) = faulty_on_paused_clock_with(o);
+    let first = join_with(table.clone(), 1, &clock).await;
+    let second = join_with(table.clone(), 2, &clock).await;
+    let third = join_with(table.clone(), 3, &clock).await;
     let runs = || table.calls(Operation::CleanupDefunct);
     // The first run falls within the first period; then one per period.
     tokio::time::sleep(period).await;
@@ -250,7 +249,7 @@ async fn silos_of_one_process_share_one_cleanup_which_outlives_its_starter_and_s
         "no cleanup runs after the last silo is gone"
     );
     // And a silo joining later starts a fresh one.
-    let fourth = join_with(table.clone(), 4, &o, &clock).await;
+    let fourth = join_with(table.clone(), 4, &clock).await;
     tokio::time::sleep(2 * period).await;
     assert!(runs() > settled, "a later silo starts the cleanup again");
     fourth.leave().await.unwrap();
@@ -275,10 +274,6 @@ async fn dead_entries(table: &dyn MembershipTable) -> std::collections::BTreeSet
         .filter(|r| r.entry.status == SiloStatus::Dead)
         .map(|r| r.entry.address)
         .collect()
-}
-
-fn address(n: u8) -> SiloAddress {
-    format!("10.0.0.{n}:11111@1").parse().unwrap()
 }
 
 fn every_minute_keeping(max: i64) -> MembershipOptions {
@@ -391,11 +386,10 @@ async fn the_dead_entry_limit_runs_while_storage_expiry_covers_the_age_limit() {
 /// only the newest `max_defunct_silo_entries` of them.
 #[tokio::test(start_paused = true)]
 async fn silos_that_left_are_pruned_down_to_the_dead_entry_limit() {
-    let (clock, table) = faulty_on_paused_clock();
-    let o = every_minute_keeping(2);
+    let (clock, table) = faulty_on_paused_clock_with(every_minute_keeping(2));
     let mut silos = Vec::new();
     for n in 1..=5 {
-        silos.push(join_with(table.clone(), n, &o, &clock).await);
+        silos.push(join_with(table.clone(), n, &clock).await);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     // 10.0.0.3, .4 and .5 leave, in that order, a second apart: .3 is the oldest Dead entry.

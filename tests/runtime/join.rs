@@ -7,11 +7,10 @@ use std::time::Duration;
 use cassandra_membership::conformance::faults::{Injection, Operation};
 use cassandra_membership::runtime::protocol;
 use cassandra_membership::{
-    Clock, InMemoryMembershipTable, MembershipError, MembershipTable, SiloHealth, SiloStatus,
-    Timestamp, TokioClock,
+    Clock, MembershipError, MembershipTable, SiloHealth, SiloStatus, Timestamp, TokioClock,
 };
 
-use crate::utils::{entry, faulty_on_paused_clock, join, options};
+use crate::utils::{entry, faulty_on_paused_clock, join, memory, options, try_join};
 
 #[tokio::test(start_paused = true)]
 async fn a_silo_joins_active_and_heartbeats_every_period_within_jitter() {
@@ -37,11 +36,7 @@ async fn a_silo_joins_active_and_heartbeats_every_period_within_jitter() {
 async fn a_join_whose_table_call_hangs_returns_an_error_by_the_join_deadline() {
     let (clock, table) = faulty_on_paused_clock();
     table.inject(Injection::hang(Operation::InsertRow));
-    let joined = tokio::time::timeout(
-        Duration::from_secs(3600),
-        cassandra_membership::Silo::join_with_clock(table, entry(1), options(), clock.clone()),
-    )
-    .await;
+    let joined = tokio::time::timeout(Duration::from_secs(3600), try_join(table, 1, &clock)).await;
     match joined {
         Ok(Err(_)) => {}
         Ok(Ok(_)) => panic!("joined through a hung insert"),
@@ -55,14 +50,9 @@ async fn join_retries_reads_that_give_up_under_contention() {
     let (clock, table) = faulty_on_paused_clock();
     table.inject(Injection::contention(Operation::ReadAll).times(20));
     let row_reads = table.inject(Injection::timeout(Operation::ReadRow, "injected").times(20));
-    let silo = cassandra_membership::Silo::join_with_clock(
-        table.clone(),
-        entry(1),
-        options(),
-        clock.clone(),
-    )
-    .await
-    .expect("joins once the reads succeed");
+    let silo = try_join(table.clone(), 1, &clock)
+        .await
+        .expect("joins once the reads succeed");
     assert_eq!(table.remaining(row_reads), 0);
     silo.leave().await.unwrap();
 }
@@ -74,13 +64,7 @@ async fn a_join_whose_own_row_cannot_be_read_fails_at_once() {
     let (clock, table) = faulty_on_paused_clock();
     table.damage_row(entry(1).address);
     let started = tokio::time::Instant::now();
-    let joined = cassandra_membership::Silo::join_with_clock(
-        table.clone(),
-        entry(1),
-        options(),
-        clock.clone(),
-    )
-    .await;
+    let joined = try_join(table.clone(), 1, &clock).await;
     assert!(
         matches!(joined, Err(MembershipError::CorruptData { .. })),
         "{joined:?}"
@@ -94,13 +78,7 @@ async fn a_join_whose_own_row_cannot_be_read_fails_at_once() {
 async fn a_join_whose_row_was_declared_dead_before_it_turned_active_fails() {
     let (clock, table) = faulty_on_paused_clock();
     table.declare_dead_after_next_insert();
-    let joined = cassandra_membership::Silo::join_with_clock(
-        table.clone(),
-        entry(1),
-        options(),
-        clock.clone(),
-    )
-    .await;
+    let joined = try_join(table.clone(), 1, &clock).await;
     assert!(joined.is_err(), "joined as a Dead entry: {joined:?}");
 }
 
@@ -114,12 +92,9 @@ async fn a_join_returns_within_max_join_attempt_time_however_its_steps_fail() {
         Duration::from_secs(240),
     ));
     table.inject(Injection::hang(Operation::UpdateRow));
-    let o = options();
-    let limit = o.max_join_attempt_time;
+    let limit = table.membership_options().max_join_attempt_time;
     let start = tokio::time::Instant::now();
-    let joined =
-        cassandra_membership::Silo::join_with_clock(table.clone(), entry(1), o, clock.clone())
-            .await;
+    let joined = try_join(table.clone(), 1, &clock).await;
     let took = start.elapsed();
     assert!(joined.is_err(), "{joined:?}");
     assert!(
@@ -132,19 +107,17 @@ async fn a_join_returns_within_max_join_attempt_time_however_its_steps_fail() {
 #[tokio::test(start_paused = true)]
 async fn a_join_with_an_unbounded_attempt_time_joins() {
     let clock = Arc::new(TokioClock::new());
-    let table = Arc::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
     let mut o = options();
     o.max_join_attempt_time = Duration::MAX;
-    let silo = cassandra_membership::Silo::join_with_clock(table, entry(1), o, clock.clone())
-        .await
-        .unwrap();
+    let table = Arc::new(memory(&clock).with_options(o));
+    let silo = join(table, 1, &clock).await;
     silo.leave().await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
 async fn graceful_leave_retries_version_conflicts_and_ends_dead() {
     let clock = Arc::new(TokioClock::new());
-    let table = Arc::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let table = Arc::new(memory(&clock));
     let silo = join(table.clone(), 1, &clock).await;
     let address = silo.address();
     // Another silo keeps moving the version while this one leaves.

@@ -36,6 +36,7 @@ use crate::error::{MembershipError, Result};
 use crate::model::{
     ETag, MembershipEntry, MembershipSnapshot, SiloAddress, SiloStatus, TableVersion, Timestamp,
 };
+use crate::options::MembershipOptions;
 use crate::table::{HeartbeatOutcome, Lease, MembershipTable, StorageExpiry};
 
 mod injection;
@@ -269,6 +270,10 @@ impl MembershipTable for FaultyTable {
 
     fn identity(&self) -> String {
         self.inner.identity()
+    }
+
+    fn membership_options(&self) -> &MembershipOptions {
+        self.inner.membership_options()
     }
 
     fn storage_expiry(&self) -> StorageExpiry {
