@@ -139,8 +139,15 @@ step "cargo clippy --workspace --all-targets --all-features -- -D warnings (rust
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 # `--all-targets` leaves out the test targets with `test = false` (the ring stages' suites).
 cargo clippy --test three_nodes --test two_dcs -- -D warnings
-step "cargo doc --workspace --no-deps"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+step "cargo doc --workspace --no-deps --all-features (as docs.rs builds it)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --quiet
+step "cargo publish --workspace --dry-run (each crate packaged, and its package built)"
+# The CLI and rio crates depend on the library's version that is not on crates.io yet: publishing
+# the workspace's crates together (cargo 1.90 or later) builds each package against the packages
+# of the others (a local registry overlay). --allow-dirty: the working tree is checked, committed
+# or not. Needs the crates.io index; builds into target/ beside the tests (the first run builds the
+# dependencies once more, with each package's own features).
+cargo publish --workspace --dry-run --allow-dirty --quiet
 skip=()
 if [ "$backend" = scylla ]; then
   # Named here and counted as filtered out by cargo, never as passed: they pin Apache Cassandra
@@ -223,7 +230,7 @@ else
   dcs_started_here=0
 fi
 step "three nodes, replication factor 3: the contract, then the fault suite, once per Paxos variant"
-# 127.0.0.1–3 as the README says; with Docker the compose node's ports are published on 127.0.0.1,
+# 127.0.0.1–3 as CONTRIBUTING.md says; with Docker the compose node's ports are published on 127.0.0.1,
 # so the ring moves to 127.0.0.4–6 (CASSANDRA_RING_FIRST_NODE chooses).
 if [ "$runtime" = docker ]; then ring_first=${CASSANDRA_RING_FIRST_NODE:-4}; else ring_first=${CASSANDRA_RING_FIRST_NODE:-1}; fi
 if [ "$ring_first" = 1 ] && [ "$started_here" = 1 ] && [ "$runtime" = maven ]; then

@@ -90,7 +90,7 @@ pub enum CleanupNotStarted {
     /// Storage-side expiry removes defunct entries already (`force_defunct_cleanup` overrides),
     /// and this process already runs a cleanup task for the table, which re-checks that every
     /// period. (The first task always starts: whether storage covers the cleanup can change
-    /// while the silo runs, README "Expiry".)
+    /// while the silo runs: [`docs::expiry`](crate::docs::expiry).)
     CoveredByStorageExpiry,
 }
 

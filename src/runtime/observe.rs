@@ -1,5 +1,5 @@
 //! Metrics (with the `metrics` feature; no-ops without it). Names are stable and documented in
-//! the README's "Observability" section.
+//! the guide's page `docs::observability`.
 
 #[cfg(not(feature = "metrics"))]
 mod imp {
