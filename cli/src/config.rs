@@ -39,6 +39,7 @@ impl CliError {
                 MembershipError::InvalidConfiguration { .. }
                 | MembershipError::InvalidSiloAddress { .. }
                 | MembershipError::AccessDenied { .. }
+                | MembershipError::KeyspaceMissing { .. }
                 | MembershipError::SchemaMismatch { .. },
             ) => EXIT_USAGE,
             CliError::Membership(_) | CliError::Failed(_) => EXIT_FAILED,
@@ -83,7 +84,26 @@ pub(crate) struct Overrides {
     pub(crate) request_timeout: Option<Duration>,
     pub(crate) connect_timeout: Option<Duration>,
     pub(crate) ttl: Option<bool>,
+    /// What of the cluster's identity the command needs.
+    pub(crate) scope: Scope,
 }
+
+/// What a command names: the library has no default service or cluster, so only the commands
+/// that work on one ask for them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Scope {
+    /// One cluster of one service (`members`, `watch`, `cleanup`): both ids are needed.
+    #[default]
+    Cluster,
+    /// Clusters of one service, named by the command itself (`delete-cluster CLUSTER`).
+    Service,
+    /// The whole table, every service and cluster (`clusters`, `audit`, `patch`).
+    Table,
+}
+
+/// What stands for an id a command does not use: the library needs one to build a table value,
+/// and none of that command's statements binds it.
+const UNUSED_ID: &str = "(unused by this command)";
 
 /// The options, and what of them the operator said explicitly (where a default would be harmful).
 #[derive(Debug)]
@@ -130,6 +150,7 @@ pub(crate) fn resolve(
         request_timeout,
         connect_timeout,
         ttl,
+        scope,
     } = overrides;
     if let Some(points) = contact_points {
         o.contact_points = points;
@@ -164,6 +185,12 @@ pub(crate) fn resolve(
     }
     // An operator tool never creates a keyspace, whatever a development config says.
     o.create_keyspace_with_replication = None;
+    if scope != Scope::Cluster && o.cluster_id.is_empty() {
+        o.cluster_id = UNUSED_ID.into();
+    }
+    if scope == Scope::Table && o.service_id.is_empty() {
+        o.service_id = UNUSED_ID.into();
+    }
     o.validate()?;
     Ok(Resolved {
         options: o,
@@ -241,6 +268,66 @@ mod tests {
         None
     }
 
+    /// Flags naming a service and a cluster, nothing else.
+    fn named() -> Overrides {
+        Overrides {
+            service: Some("svc".into()),
+            cluster: Some("blue".into()),
+            ..Overrides::default()
+        }
+    }
+
+    #[test]
+    fn the_ids_have_no_default_and_only_the_commands_on_a_cluster_need_them() {
+        let e = resolve(None, Overrides::default(), no_env).unwrap_err();
+        assert_eq!(e.exit_code(), EXIT_USAGE);
+        assert!(e.to_string().contains("service_id: not set"), "{e}");
+        let service_only = || Overrides {
+            service: Some("svc".into()),
+            ..Overrides::default()
+        };
+        let e = resolve(None, service_only(), no_env).unwrap_err();
+        assert!(e.to_string().contains("cluster_id: not set"), "{e}");
+        // delete-cluster names its cluster as its argument; the service it needs.
+        let service = Overrides {
+            scope: Scope::Service,
+            ..service_only()
+        };
+        let o = resolve(None, service, no_env).unwrap().options;
+        assert_eq!(o.service_id, "svc");
+        let e = resolve(
+            None,
+            Overrides {
+                scope: Scope::Service,
+                ..Overrides::default()
+            },
+            no_env,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("service_id: not set"), "{e}");
+        // clusters, audit, patch: the whole table, neither.
+        let table_wide = Overrides {
+            scope: Scope::Table,
+            ..Overrides::default()
+        };
+        resolve(None, table_wide, no_env).unwrap();
+        // Named ids are never replaced.
+        let o = resolve(
+            None,
+            Overrides {
+                scope: Scope::Table,
+                ..named()
+            },
+            no_env,
+        )
+        .unwrap()
+        .options;
+        assert_eq!(
+            (o.service_id.as_str(), o.cluster_id.as_str()),
+            ("svc", "blue")
+        );
+    }
+
     #[test]
     fn flags_override_the_file_and_defaults_fill_the_rest() {
         let dir = std::env::temp_dir().join(format!("cm-cli-unit-{}", std::process::id()));
@@ -248,13 +335,14 @@ mod tests {
         let path = dir.join("a.toml");
         std::fs::write(
             &path,
-            "keyspace = \"from_file\"\ntable = \"t1\"\nttl = true\n",
+            "keyspace = \"from_file\"\ntable = \"t1\"\nttl = true\nservice_id = \"shop\"\ncluster_id = \"green\"\n",
         )
         .unwrap();
         let o = resolve(
             Some(&path),
             Overrides {
                 table: Some("t2".into()),
+                cluster: Some("blue".into()),
                 ..Overrides::default()
             },
             no_env,
@@ -265,14 +353,15 @@ mod tests {
         assert_eq!(o.keyspace, "from_file");
         assert_eq!(o.table, "t2");
         assert!(o.ttl);
-        assert_eq!(o.cluster_id, "default");
+        assert_eq!(o.service_id, "shop");
+        assert_eq!(o.cluster_id, "blue");
     }
 
     #[test]
     fn local_datacenter_comes_from_the_flag_and_local_quorum_requires_it() {
         let local = Overrides {
             consistency: Some(ConsistencyProfile::LocalQuorum),
-            ..Overrides::default()
+            ..named()
         };
         let e = resolve(None, local, no_env).unwrap_err();
         assert_eq!(e.exit_code(), EXIT_USAGE);
@@ -282,7 +371,7 @@ mod tests {
             Overrides {
                 consistency: Some(ConsistencyProfile::LocalQuorum),
                 local_datacenter: Some("dc1".into()),
-                ..Overrides::default()
+                ..named()
             },
             no_env,
         )
@@ -305,14 +394,15 @@ mod tests {
     #[test]
     fn credentials_come_from_the_environment_in_pairs() {
         let env = |k: &str| (k == ENV_USERNAME).then(|| "ops".to_owned());
-        let e = resolve(None, Overrides::default(), env).unwrap_err();
+        let e = resolve(None, named(), env).unwrap_err();
         assert_eq!(e.exit_code(), EXIT_USAGE);
+        assert!(e.to_string().contains(ENV_PASSWORD), "{e}");
         let env = |k: &str| match k {
             ENV_USERNAME => Some("ops".to_owned()),
             ENV_PASSWORD => Some("s3cret".to_owned()),
             _ => None,
         };
-        let o = resolve(None, Overrides::default(), env).unwrap();
+        let o = resolve(None, named(), env).unwrap();
         assert!(!o.ttl_explicit);
         let o = o.options;
         assert_eq!(o.credentials.unwrap().username, "ops");

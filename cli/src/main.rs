@@ -19,7 +19,7 @@ use cassandra_membership::{
 use clap::{Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 
-use config::{CliError, Overrides};
+use config::{CliError, Overrides, Scope};
 use report::{AuditReport, ClusterReport, MembersReport};
 
 #[derive(Debug, Parser)]
@@ -30,7 +30,7 @@ use report::{AuditReport, ClusterReport, MembersReport};
     after_help = "Credentials come from the config file's [credentials] or from \
                   CASSANDRA_MEMBERSHIP_USERNAME and CASSANDRA_MEMBERSHIP_PASSWORD; they are never printed.\n\
                   Exit codes: 0 ok, 1 operation failed, 2 usage or configuration error (also access denied, \
-                  and a keyspace or table that does not exist or has another shape)."
+                  a missing service or cluster id, and a keyspace or table that does not exist or has another shape)."
 )]
 struct Cli {
     /// The provider's TOML options file (the same one a silo host loads); flags override it.
@@ -56,10 +56,10 @@ struct Cli {
     /// The table.
     #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_TABLE")]
     table: Option<String>,
-    /// The Orleans ServiceId.
+    /// The Orleans ServiceId; no default (members, watch, cleanup, delete-cluster need it).
     #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_SERVICE")]
     service: Option<String>,
-    /// The Orleans ClusterId the command works on (members, watch, patch, cleanup).
+    /// The Orleans ClusterId the command works on; no default (members, watch, cleanup need it).
     #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_CLUSTER")]
     cluster: Option<String>,
     /// Consistency levels: quorum (QUORUM + SERIAL) or local-quorum (LOCAL_QUORUM + LOCAL_SERIAL).
@@ -178,6 +178,13 @@ async fn run(cli: Cli) -> Result<(), CliError> {
     } = config::resolve(
         cli.config.as_deref(),
         Overrides {
+            scope: match cli.command {
+                Command::Clusters | Command::Audit | Command::Patch { .. } => Scope::Table,
+                Command::DeleteCluster { .. } => Scope::Service,
+                Command::Members | Command::Cleanup { .. } | Command::Watch { .. } => {
+                    Scope::Cluster
+                }
+            },
             contact_points: cli.contact_points,
             keyspace: cli.keyspace,
             table: cli.table,

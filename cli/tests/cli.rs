@@ -32,7 +32,10 @@ fn unique_table() -> String {
 const SERVICE: &str = "shop";
 
 fn options(table: &str, cluster: &str, ttl: bool) -> CassandraClusteringOptions {
-    let mut o = CassandraClusteringOptions::new(keyspace(), SERVICE, cluster)
+    let mut o = CassandraClusteringOptions::default()
+        .keyspace(keyspace())
+        .service_id(SERVICE)
+        .cluster_id(cluster)
         .contact_points(contact_points().split(','))
         .table(table)
         .create_keyspace_simple(1)
@@ -557,7 +560,7 @@ fn a_bad_config_file_is_exit_2_naming_the_option() {
         "{out:?}"
     );
 
-    let invalid = config_file("page_size = 0\n");
+    let invalid = config_file("service_id = \"shop\"\ncluster_id = \"blue\"\npage_size = 0\n");
     let out = Command::cargo_bin("cassandra-membership")
         .unwrap()
         .args(["--config", invalid.to_str().unwrap(), "members"])
@@ -607,21 +610,61 @@ fn an_unreachable_node_is_exit_1_within_the_timeout_and_credentials_are_never_ec
 
 #[test]
 fn a_wrong_keyspace_or_table_is_a_configuration_error_exit_2() {
-    for (keyspace, table) in [
-        (keyspace(), "no_such_table_f14".to_owned()),
-        ("no_such_keyspace_f14".to_owned(), "membership".to_owned()),
+    for (keyspace, table, says) in [
+        (
+            keyspace(),
+            "no_such_table_f14".to_owned(),
+            "schema mismatch".to_owned(),
+        ),
+        (
+            "no_such_keyspace_f14".to_owned(),
+            "membership".to_owned(),
+            "keyspace \"no_such_keyspace_f14\" does not exist".to_owned(),
+        ),
     ] {
         let out = Command::cargo_bin("cassandra-membership")
             .unwrap()
             .timeout(COMMAND_TIMEOUT)
             .args(["--contact-points", &contact_points()])
-            .args(["--keyspace", &keyspace, "--table", &table, "members"])
+            .args(["--keyspace", &keyspace, "--table", &table])
+            .args(["--service", SERVICE, "--cluster", "blue", "members"])
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(2), "{keyspace}.{table}: {out:?}");
         assert!(
-            String::from_utf8_lossy(&out.stderr).contains("schema mismatch"),
+            String::from_utf8_lossy(&out.stderr).contains(&says),
             "{out:?}"
+        );
+    }
+}
+
+/// A forgotten `--cluster` (or `--service`) is refused naming it, before connecting: there is
+/// no default cluster an operator would read or clean by mistake. Table-wide commands need
+/// neither.
+#[test]
+fn a_command_on_a_cluster_without_its_ids_is_exit_2_naming_them() {
+    for (args, missing) in [
+        (vec!["--service", SERVICE, "members"], "cluster_id: not set"),
+        (vec!["--cluster", "blue", "members"], "service_id: not set"),
+        (
+            vec!["--service", SERVICE, "cleanup", "--older-than", "7d"],
+            "cluster_id: not set",
+        ),
+        (vec!["delete-cluster", "blue"], "service_id: not set"),
+    ] {
+        let out = Command::cargo_bin("cassandra-membership")
+            .unwrap()
+            .timeout(COMMAND_TIMEOUT)
+            .args(["--contact-points", "127.0.0.1:1"])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(missing), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("unavailable"),
+            "refused before connecting: {stderr}"
         );
     }
 }
