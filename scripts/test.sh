@@ -145,9 +145,18 @@ step "cargo publish --workspace --dry-run (each crate packaged, and its package 
 # The CLI and rio crates depend on the library's version that is not on crates.io yet: publishing
 # the workspace's crates together (cargo 1.90 or later) builds each package against the packages
 # of the others (a local registry overlay). --allow-dirty: the working tree is checked, committed
-# or not. Needs the crates.io index; builds into target/ beside the tests (the first run builds the
-# dependencies once more, with each package's own features).
-cargo publish --workspace --dry-run --allow-dirty --quiet
+# or not. Needs the crates.io index.
+# Cargo treats a registry package of a given version as immutable, and the overlay is one: it
+# reuses the copy it unpacked under $CARGO_HOME/registry/src/-<hash>/ and the library it built
+# from it, so a second run would build the CLI and rio packages against the library as it was the
+# first time. So the check builds in a target directory of its own (warm after its first run,
+# which builds the dependencies once more with each package's own features), where our crates are
+# forgotten before each run, and our crates' unpacked copies are removed (only local-registry
+# sources: crates.io's are under index.crates.io-*).
+package_target=target/package-check
+rm -rf "$package_target"/debug/.fingerprint/cassandra-membership-* \
+  "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/cassandra-membership-*[0-9]
+CARGO_TARGET_DIR=$package_target cargo publish --workspace --dry-run --allow-dirty --quiet
 skip=()
 if [ "$backend" = scylla ]; then
   # Named here and counted as filtered out by cargo, never as passed: they pin Apache Cassandra

@@ -50,3 +50,18 @@ fn the_readme_links_only_to_guide_pages_that_exist() {
         );
     }
 }
+
+#[test]
+fn the_readme_names_the_paths_the_example_service_serves() {
+    let service = include_str!("../examples/service.rs");
+    for path in ["/readyz", "/livez", "/work"] {
+        assert!(
+            README.contains(&format!("`GET {path}`")),
+            "README names {path}"
+        );
+        assert!(
+            service.contains(&format!(".route(\"{path}\"")),
+            "examples/service.rs serves {path}"
+        );
+    }
+}
