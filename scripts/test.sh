@@ -139,8 +139,24 @@ step "cargo clippy --workspace --all-targets --all-features -- -D warnings (rust
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 # `--all-targets` leaves out the test targets with `test = false` (the ring stages' suites).
 cargo clippy --test three_nodes --test two_dcs -- -D warnings
-step "cargo doc --workspace --no-deps"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+step "cargo doc --workspace --no-deps --all-features (as docs.rs builds it)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --quiet
+step "cargo publish --workspace --dry-run (each crate packaged, and its package built)"
+# The CLI and rio crates depend on the library's version that is not on crates.io yet: publishing
+# the workspace's crates together (cargo 1.90 or later) builds each package against the packages
+# of the others (a local registry overlay). --allow-dirty: the working tree is checked, committed
+# or not. Needs the crates.io index.
+# Cargo treats a registry package of a given version as immutable, and the overlay is one: it
+# reuses the copy it unpacked under $CARGO_HOME/registry/src/-<hash>/ and the library it built
+# from it, so a second run would build the CLI and rio packages against the library as it was the
+# first time. So the check builds in a target directory of its own (warm after its first run,
+# which builds the dependencies once more with each package's own features), where our crates are
+# forgotten before each run, and our crates' unpacked copies are removed (only local-registry
+# sources: crates.io's are under index.crates.io-*).
+package_target=target/package-check
+rm -rf "$package_target"/debug/.fingerprint/cassandra-membership-* \
+  "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/cassandra-membership-*[0-9]
+CARGO_TARGET_DIR=$package_target cargo publish --workspace --dry-run --allow-dirty --quiet
 skip=()
 if [ "$backend" = scylla ]; then
   # Named here and counted as filtered out by cargo, never as passed: they pin Apache Cassandra
@@ -225,7 +241,7 @@ else
   dcs_started_here=0
 fi
 step "three nodes, replication factor 3: the contract, then the fault suite, once per Paxos variant"
-# 127.0.0.1–3 as the README says; with Docker the compose node's ports are published on 127.0.0.1,
+# 127.0.0.1–3 as CONTRIBUTING.md says; with Docker the compose node's ports are published on 127.0.0.1,
 # so the ring moves to 127.0.0.4–6 (CASSANDRA_RING_FIRST_NODE chooses).
 if [ "$runtime" = docker ]; then ring_first=${CASSANDRA_RING_FIRST_NODE:-4}; else ring_first=${CASSANDRA_RING_FIRST_NODE:-1}; fi
 if [ "$ring_first" = 1 ] && [ "$started_here" = 1 ] && [ "$runtime" = maven ]; then

@@ -27,9 +27,14 @@
 //! # Ok::<(), MembershipError>(())
 //! # }).unwrap();
 //! ```
+//!
+//! The guide — guarantees, fencing, expiry, schema, costs, operating — is the [`docs`] module.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod cassandra;
 mod clock;
+pub mod docs;
 mod error;
 mod memory;
 mod model;
@@ -39,6 +44,7 @@ pub mod runtime;
 mod table;
 
 #[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
 
 pub use cassandra::{

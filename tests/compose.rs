@@ -1,4 +1,4 @@
-//! docker-compose.yml and the CI workflow agree with what the README and the scripts expect. No
+//! docker-compose.yml and the CI workflow agree with what CONTRIBUTING.md and the scripts expect. No
 //! Docker needed: the files are parsed, not run (CI runs them, on runners that have Docker).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -7,7 +7,7 @@ use std::path::Path;
 use yaml_rust2::{Yaml, YamlLoader};
 
 /// Each compose service: the backend it is (`CASSANDRA_BACKEND`), its image, the host port of CQL
-/// (9042 in the container; the README gives it) and any other published port. The cassandra
+/// (9042 in the container; CONTRIBUTING.md gives it) and any other published port. The cassandra
 /// service takes the tests' default contact point.
 const SERVICES: [(&str, &str, u16, &[&str]); 2] = [
     ("cassandra", "cassandra:5.0", 9042, &[]),
@@ -149,12 +149,12 @@ fn scylla_creates_vnode_keyspaces_so_that_conditional_writes_work() {
 }
 
 #[test]
-fn the_readme_gives_the_dockerized_commands_and_ports() {
-    let readme = read("README.md");
-    let section = readme
+fn contributing_gives_the_dockerized_commands_and_ports() {
+    let contributing = read("CONTRIBUTING.md");
+    let section = contributing
         .split("\n## Running Cassandra\n")
         .nth(1)
-        .expect("README has a Running Cassandra section")
+        .expect("CONTRIBUTING.md has a Running Cassandra section")
         .split("\n## ")
         .next()
         .unwrap();
@@ -170,7 +170,7 @@ fn the_readme_gives_the_dockerized_commands_and_ports() {
     ) {
         assert!(
             section.contains(&expected),
-            "README, Running Cassandra: {expected}"
+            "CONTRIBUTING.md, Running Cassandra: {expected}"
         );
     }
 }

@@ -72,7 +72,7 @@ impl CassandraMembershipTable {
                 ttl: Some(Duration::from_secs(ttl)),
                 slack: Duration::from_secs(self.options().renewal_seconds() + 1),
                 // True only when the audit at `initialize` found nothing in this cluster's
-                // partition that storage would never remove (README "Expiry").
+                // partition that storage would never remove (`docs::expiry`).
                 covers_defunct_cleanup: self.storage_covers_cleanup(),
             },
         }

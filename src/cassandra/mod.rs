@@ -104,8 +104,9 @@ struct Shared {
     counters: Counters,
 }
 
-/// The membership table on Cassandra / ScyllaDB. See the crate README's "Guarantees",
-/// "Schema" and "Expiry" sections.
+/// The membership table on Cassandra / ScyllaDB. See the guide's
+/// [guarantees](crate::docs::guarantees), [schema](crate::docs::schema) and
+/// [expiry](crate::docs::expiry) pages.
 ///
 /// ```no_run
 /// use cassandra_membership::{CassandraClusteringOptions, CassandraMembershipTable, MembershipTable};
@@ -141,6 +142,7 @@ impl CassandraMembershipTable {
 
     /// Connects over TLS with the given rustls configuration.
     #[cfg(feature = "rustls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "rustls")))]
     pub async fn connect_tls(
         options: CassandraClusteringOptions,
         tls: Arc<rustls::ClientConfig>,

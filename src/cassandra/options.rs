@@ -126,7 +126,7 @@ pub struct CassandraClusteringOptions {
     /// keeps connection pools to; with `quorum` the DC tried first, others after it. Under
     /// `local_quorum` it is the cluster's serial DC, not "the DC this process runs in": **every
     /// silo of one cluster names the same DC**, or two silos can both win one compare-and-set
-    /// (README "Consistency profiles and data centres"). The name as the cluster reports it
+    /// ([`docs::consistency`](crate::docs::consistency)). The name as the cluster reports it
     /// (`nodetool status`, e.g. `dc1`). Default: none (the session's own load balancing;
     /// `quorum` only).
     pub local_datacenter: Option<String>,
@@ -157,7 +157,7 @@ pub struct CassandraClusteringOptions {
     #[serde(with = "humantime_serde")]
     pub ttl_renewal_interval: Option<Duration>,
     /// The table's `gc_grace_seconds`, set when the provider creates the table. Default 3 h
-    /// (Cassandra's `max_hint_window`): see the README's "Tombstones" section.
+    /// (Cassandra's `max_hint_window`): see [`docs::tombstones`](crate::docs::tombstones).
     #[serde(with = "humantime_serde")]
     pub gc_grace: Duration,
     /// Membership options the provider needs (DefunctSiloExpiration, publish period).

@@ -361,7 +361,7 @@ fn compare_state(
 /// disagreement.
 pub async fn check(table: Arc<dyn MembershipTable>, steps: &[Step]) -> Result<(), String> {
     // Entries start 30 s before the run; heartbeats are stamped in the 5 s before it. So no
-    // heartbeat is stamped in the future, and none precedes its entry's start (see the README
+    // heartbeat is stamped in the future, and none precedes its entry's start (see `docs::guarantees`
     // on I-am-alive times).
     let base = Timestamp::now().saturating_sub(Duration::from_secs(5));
     let start = base.saturating_sub(Duration::from_secs(25));

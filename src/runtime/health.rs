@@ -2,8 +2,8 @@
 
 use crate::table::Lease;
 
-/// What the runtime knows about this silo's registration. Sent on a watch channel; see the
-/// README's "Fencing" section for what a host must do on each state.
+/// What the runtime knows about this silo's registration. Sent on a watch channel; see
+/// [`docs::fencing`](crate::docs::fencing) for what a host must do on each state.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SiloHealth {
     /// No heartbeat has completed yet.

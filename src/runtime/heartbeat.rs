@@ -261,7 +261,7 @@ impl HeartbeatTask {
     /// (only on this recovery path: no extra round trip per heartbeat). The order matters:
     /// votes are conditioned on the heartbeat element, so once this publish is acknowledged a
     /// vote decided earlier can only still land if Paxos accepted it already, and this
-    /// (serial) read completes such a vote before it answers (README "Fencing").
+    /// (serial) read completes such a vote before it answers ([`crate::docs::fencing`]).
     /// `None`: stopped.
     async fn read_own_row(&mut self) -> Option<Result<Option<SiloStatus>, MembershipError>> {
         let (table, address, start_time) = (Arc::clone(&self.table), self.address, self.start_time);

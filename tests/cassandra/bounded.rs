@@ -118,7 +118,7 @@ async fn initialize_against_a_silent_node_gives_up_at_the_request_timeout() {
     );
     // A table value that has prepared its statements: every operation is bounded too.
     let e = new_entry(Timestamp::now());
-    // A read statement that times out is sent once more (README "Bounded time"): two timeouts.
+    // A read statement that times out is sent once more (`docs::guarantees`, "Bounded time"): two timeouts.
     let (outcome, _) = within(limit * 2, table.initialize(true)).await;
     assert!(outcome.is_err(), "{outcome:?}");
     let (outcome, _) = within(limit * 2, table.read_all()).await;
@@ -127,7 +127,7 @@ async fn initialize_against_a_silent_node_gives_up_at_the_request_timeout() {
         "{outcome:?}"
     );
     // An insert that times out is resolved by bounded re-reads: it cannot be, so it is unknown.
-    // The README's worst case with expiry off: 8 request timeouts.
+    // The guide's worst case with expiry off: 8 request timeouts.
     let (outcome, _) = within(limit * 8, table.insert_row(&e, &v.next())).await;
     assert!(
         outcome

@@ -443,7 +443,7 @@ async fn initialize_writes_the_version_only_when_it_is_missing() {
     assert!(!fresh.read_all().await.unwrap().version.etag.is_absent());
 }
 
-/// What each operation costs, by statement kind (the README's "Costs" table).
+/// What each operation costs, by statement kind (the table of `docs::costs`).
 #[tokio::test]
 async fn statement_costs_per_operation() {
     let (_, t) = ready(&unique("costs")).await;

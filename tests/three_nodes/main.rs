@@ -194,7 +194,7 @@ fn restart_later(i: u32) -> tokio::task::JoinHandle<()> {
     tokio::task::spawn_blocking(move || node("restart", i))
 }
 
-/// Checks the history and prints the figures the README quotes.
+/// Checks the history and prints the figures CONTRIBUTING.md ("Faults") quotes.
 fn checked(name: &str, history: &History, report: &WorkloadReport) {
     let t0 = Instant::now();
     let verdict = history.check().expect("a well-formed history");
@@ -334,7 +334,7 @@ async fn one_node_paused_calls_return_in_time_with_honest_answers() {
     let report = run.await.expect("workload");
     heal().await;
     final_read(&history, &tables[0]).await;
-    // The README's bound for a conditional write with expiry off: 8 request timeouts when each
+    // The guide's bound (`docs::guarantees`, "Bounded time") for a conditional write with expiry off: 8 request timeouts when each
     // of its reads times out once and is sent again (a read_all of one page: 4).
     let bound = REQUEST_TIMEOUT * 8 + Duration::from_secs(2);
     assert!(

@@ -144,7 +144,7 @@ async fn dc2_down_local_quorum_keeps_every_operation_and_quorum_fails_typed_writ
     kill_dc2().await;
     local_quorum_keeps_every_operation().await;
     let rt = REQUEST_TIMEOUT;
-    // Reads: 2 request timeouts at most (README "Bounded time"); a read changes nothing.
+    // Reads: 2 request timeouts at most (`docs::guarantees`, "Bounded time"); a read changes nothing.
     refused("read_all", 2 * rt, &["Unavailable"], table.read_all()).await;
     refused(
         "read_row",

@@ -103,7 +103,7 @@ impl CassandraMembershipTable {
         ttl::version_ttl_over(self.version_ttl(), current, row_ttl)
     }
 
-    /// Whether storage covers defunct cleanup for this cluster (see README "Expiry").
+    /// Whether storage covers defunct cleanup for this cluster (see `docs::expiry`).
     pub(crate) fn storage_covers_cleanup(&self) -> bool {
         self.options().ttl_seconds().is_some() && self.expiry_state.covered.load(Ordering::Relaxed)
     }

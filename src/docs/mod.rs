@@ -1,0 +1,49 @@
+//! The guide: what the table guarantees, how a host fences itself, storage-side expiry, the
+//! schema, what each operation costs, and how to run it in production. One page per topic; each
+//! page's Rust examples are doc tests.
+//!
+//! | page | what it covers |
+//! |---|---|
+//! | [`configuration`] | every option and its default |
+//! | [`fencing`] | what a host does on each [`SiloHealth`](crate::SiloHealth), and why it is safe |
+//! | [`guarantees`] | the contract each operation keeps, its honest outcomes and time bounds; the Orleans provider's known defects |
+//! | [`expiry`] | storage-side expiry: its contract, mixed settings, tables that disagree, migrating |
+//! | [`consistency`] | consistency profiles and data centres |
+//! | [`schema`] | the table's layout |
+//! | [`tombstones`] | what expired and deleted data costs, and `gc_grace` |
+//! | [`costs`] | the statements each operation executes |
+//! | [`observability`] | tracing and metrics |
+//! | [`operating`] | the command line, supported releases, Paxos v2 |
+//!
+//! Working on the crate itself (the test set-up, the Cassandra nodes, the fault suite, the layout
+//! of the code): [CONTRIBUTING.md](https://github.com/cassandra-membership/cassandra-membership/blob/main/CONTRIBUTING.md).
+
+#[doc = include_str!("configuration.md")]
+pub mod configuration {}
+
+#[doc = include_str!("fencing.md")]
+pub mod fencing {}
+
+#[doc = include_str!("guarantees.md")]
+pub mod guarantees {}
+
+#[doc = include_str!("expiry.md")]
+pub mod expiry {}
+
+#[doc = include_str!("consistency.md")]
+pub mod consistency {}
+
+#[doc = include_str!("schema.md")]
+pub mod schema {}
+
+#[doc = include_str!("tombstones.md")]
+pub mod tombstones {}
+
+#[doc = include_str!("costs.md")]
+pub mod costs {}
+
+#[doc = include_str!("observability.md")]
+pub mod observability {}
+
+#[doc = include_str!("operating.md")]
+pub mod operating {}
