@@ -45,6 +45,7 @@ pub use cassandra::{
     Credentials, EXPIRY_HORIZON_UNIX_SECONDS, EntryInspection, MAX_TTL_SECONDS, PatchAction,
     RowAudit, StatementCounts, TtlAudit, TtlMismatchPolicy,
 };
+pub use cassandra::TlsOptions;
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use error::{BoxError, MembershipError, Result};
 pub use memory::InMemoryMembershipTable;
