@@ -40,12 +40,12 @@ mod table;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
+pub use cassandra::TlsOptions;
 pub use cassandra::{
     CassandraClusteringOptions, CassandraMembershipTable, ClusterInspection, ConsistencyProfile,
     Credentials, EXPIRY_HORIZON_UNIX_SECONDS, EntryInspection, MAX_TTL_SECONDS, PatchAction,
     RowAudit, StatementCounts, TtlAudit, TtlMismatchPolicy,
 };
-pub use cassandra::TlsOptions;
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use error::{BoxError, MembershipError, Result};
 pub use memory::InMemoryMembershipTable;

@@ -215,7 +215,8 @@ mod with_rustls {
                 let hosts: Vec<&str> = contact_points.iter().filter_map(|p| dns_host(p)).collect();
                 match hosts.split_first() {
                     Some((first, rest))
-                        if hosts.len() == contact_points.len() && rest.iter().all(|h| h == first) =>
+                        if hosts.len() == contact_points.len()
+                            && rest.iter().all(|h| h == first) =>
                     {
                         ServerName::try_from(first.to_string()).ok()
                     }
@@ -253,16 +254,18 @@ mod with_rustls {
         let config = match (&tls.cert_file, &tls.key_file) {
             (Some(cert), Some(key)) => {
                 let chain = certificates("tls.cert_file", cert)?;
-                let key_der =
-                    PrivateKeyDer::from_pem_file(key).map_err(|e| pem_error("tls.key_file", key, e))?;
-                builder.with_client_auth_cert(chain, key_der).map_err(|e| match e {
-                    rustls::Error::InconsistentKeys(_) => file_error(
-                        "tls.key_file",
-                        key,
-                        format_args!("is not the key of the certificate in {}", cert.display()),
-                    ),
-                    other => file_error("tls.key_file", key, format_args!("{other}")),
-                })?
+                let key_der = PrivateKeyDer::from_pem_file(key)
+                    .map_err(|e| pem_error("tls.key_file", key, e))?;
+                builder
+                    .with_client_auth_cert(chain, key_der)
+                    .map_err(|e| match e {
+                        rustls::Error::InconsistentKeys(_) => file_error(
+                            "tls.key_file",
+                            key,
+                            format_args!("is not the key of the certificate in {}", cert.display()),
+                        ),
+                        other => file_error("tls.key_file", key, format_args!("{other}")),
+                    })?
             }
             _ => builder.with_no_client_auth(),
         };
@@ -408,7 +411,10 @@ mod tests {
     fn the_section_parses_with_verification_on_by_default_and_rejects_unknown_keys() {
         let t: TlsOptions = toml::from_str("ca_file = \"/etc/ca.pem\"\n").unwrap();
         assert!(t.verify);
-        assert_eq!(t.ca_file.as_deref(), Some(std::path::Path::new("/etc/ca.pem")));
+        assert_eq!(
+            t.ca_file.as_deref(),
+            Some(std::path::Path::new("/etc/ca.pem"))
+        );
         let e = toml::from_str::<TlsOptions>("ca_flie = \"x\"\n").unwrap_err();
         assert!(e.to_string().contains("ca_flie"), "{e}");
     }

@@ -321,7 +321,10 @@ async fn connect_through_options_with_the_node_s_ca_file_works() {
 async fn a_wrong_ca_or_server_name_fails_with_a_typed_error_about_the_certificate() {
     // A bundle of public CAs, none of which signed the node's certificate.
     let public = std::path::Path::new("/etc/ssl/certs/ca-certificates.crt");
-    assert!(public.exists(), "the system CA bundle is needed for this test");
+    assert!(
+        public.exists(),
+        "the system CA bundle is needed for this test"
+    );
     for (tls, expected) in [
         (TlsOptions::with_ca_file(public), "UnknownIssuer"),
         (
@@ -333,7 +336,13 @@ async fn a_wrong_ca_or_server_name_fails_with_a_typed_error_about_the_certificat
             .await
             .expect_err("an untrusted certificate must not connect");
         assert!(
-            matches!(err, MembershipError::Unavailable { operation: "connect", .. }),
+            matches!(
+                err,
+                MembershipError::Unavailable {
+                    operation: "connect",
+                    ..
+                }
+            ),
             "{tls:?}: {err:?}"
         );
         let text = format!("{err:?}");
@@ -364,14 +373,18 @@ async fn a_missing_or_mismatched_tls_file_is_a_configuration_error_naming_it() {
     connect_with_options(tls_options(ok))
         .await
         .expect("connect with a client certificate and its key");
-    let mismatched = TlsOptions::with_ca_file(certificate_path()).client_certificate(&cert, &other_key);
+    let mismatched =
+        TlsOptions::with_ca_file(certificate_path()).client_certificate(&cert, &other_key);
     let err = connect_with_options(tls_options(mismatched))
         .await
         .expect_err("a key of another certificate");
     match &err {
         MembershipError::InvalidConfiguration { option, reason } => {
             assert_eq!(option, "tls.key_file");
-            assert!(reason.contains("is not the key of the certificate"), "{reason}");
+            assert!(
+                reason.contains("is not the key of the certificate"),
+                "{reason}"
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -383,7 +396,14 @@ fn self_signed(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, std::p
     let cert = dir.join(format!("{name}.pem"));
     let key = dir.join(format!("{name}.key"));
     let status = std::process::Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
         .args(["-nodes", "-days", "1", "-subj", "/CN=cm-client"])
         .arg("-keyout")
         .arg(&key)
