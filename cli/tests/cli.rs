@@ -861,7 +861,10 @@ fn help_lists_the_exit_codes_and_completions_need_no_node() {
         bare().args(["--contact-points", "127.0.0.1:1", "completions", "bash"]),
         0,
     );
-    assert!(bash.contains("complete -F _cassandra__membership"), "{bash}");
+    assert!(
+        bash.contains("complete -F _cassandra__membership"),
+        "{bash}"
+    );
     assert!(
         bash.contains("declare-dead") && bash.contains("--tls-server-name"),
         "{bash}"

@@ -23,7 +23,7 @@ use crate::error::{MembershipError, Result};
 /// There is no built-in trust store: a Cassandra cluster's certificates come from its owner's
 /// CA almost always, so `ca_file` is required while `verify` is on. Hosts that need the
 /// platform's roots build their own `rustls::ClientConfig` and use
-/// [`crate::CassandraMembershipTable::connect_tls`].
+/// `CassandraMembershipTable::connect_tls`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]

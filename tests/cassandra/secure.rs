@@ -415,3 +415,26 @@ fn self_signed(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, std::p
     assert!(status.success(), "openssl req");
     (cert, key)
 }
+
+#[tokio::test]
+async fn verify_off_connects_to_any_certificate_and_says_so_in_a_warning() {
+    let captured = Captured::default();
+    let sink = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(move || sink.clone())
+        .with_ansi(false)
+        .finish();
+    let guard = tracing::subscriber::set_default(subscriber);
+    // No CA at all: with verification off, the node's certificate is not checked.
+    let table = connect_with_options(tls_options(TlsOptions::default().verify(false)))
+        .await
+        .expect("verify = false connects without a CA");
+    drop(guard);
+    table.initialize(true).await.expect("initialize");
+    let logs = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
+    assert!(
+        logs.contains("WARN") && logs.contains("tls.verify = false"),
+        "a warning names the setting: {logs}"
+    );
+}
