@@ -273,7 +273,8 @@ fn load(path: &Path, key: Option<&str>) -> Result<(CassandraClusteringOptions, b
     let Some(key) = key else {
         let ttl_explicit = whole.contains_key("ttl");
         // Parsed again from the text: its errors carry the line and column.
-        return Ok((toml::from_str(&text).map_err(invalid)?, ttl_explicit));
+        let options = toml::from_str(&text).map_err(invalid)?;
+        return Ok((beside(path, options), ttl_explicit));
     };
     let mut table = &whole;
     for (i, part) in key.split('.').enumerate() {
@@ -297,7 +298,24 @@ fn load(path: &Path, key: Option<&str>) -> Result<(CassandraClusteringOptions, b
     let ttl_explicit = table.contains_key("ttl");
     let options = CassandraClusteringOptions::deserialize(toml::Value::Table(table.clone()))
         .map_err(invalid)?;
-    Ok((options, ttl_explicit))
+    Ok((beside(path, options), ttl_explicit))
+}
+
+/// The `[tls]` files of a config file are relative to the file's directory (like kubeconfig's),
+/// not to wherever the command runs; the flags' paths stay relative to the working directory.
+fn beside(config: &Path, mut options: CassandraClusteringOptions) -> CassandraClusteringOptions {
+    let dir = config.parent().unwrap_or(Path::new(""));
+    if let Some(tls) = options.tls.as_mut() {
+        for file in [&mut tls.ca_file, &mut tls.cert_file, &mut tls.key_file]
+            .into_iter()
+            .flatten()
+        {
+            if file.is_relative() {
+                *file = dir.join(&*file);
+            }
+        }
+    }
+    options
 }
 
 /// A parse error as its message and position. toml's own `Display` quotes the offending source
@@ -485,7 +503,8 @@ mod tests {
         let path = dir.join("tls.toml");
         std::fs::write(
             &path,
-            "[app.db]\nttl = true\n[app.db.tls]\nca_file = \"/etc/ca.pem\"\n",
+            "[app.db]\nttl = true\n[app.db.tls]\nca_file = \"/etc/ca.pem\"\n\
+             cert_file = \"c.pem\"\nkey_file = \"k.pem\"\n",
         )
         .unwrap();
         let o = resolve(
@@ -504,6 +523,9 @@ mod tests {
         let tls = o.options.tls.unwrap();
         assert_eq!(tls.ca_file, Some(PathBuf::from("/etc/ca.pem")));
         assert_eq!(tls.server_name.as_deref(), Some("db.internal"));
+        // Relative to the config file's directory.
+        assert_eq!(tls.cert_file, Some(dir.join("c.pem")));
+        assert_eq!(tls.key_file, Some(dir.join("k.pem")));
         assert!(tls.verify);
     }
 

@@ -101,7 +101,8 @@ struct Cli {
     )]
     ttl: Option<bool>,
     /// TLS: PEM file of the CA (or the nodes' certificates) to trust; turns TLS on. The config
-    /// file's `[tls]` section (ca_file, cert_file, key_file, server_name, verify) does the same.
+    /// file's `[tls]` section (ca_file, cert_file, key_file, server_name, verify) does the same;
+    /// its relative paths are relative to the file's directory.
     #[arg(
         long,
         global = true,

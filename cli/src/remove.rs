@@ -63,6 +63,7 @@ pub(crate) async fn declare_dead(
     json: bool,
 ) -> Result<(), CliError> {
     let address: SiloAddress = silo.parse()?;
+    let started = std::time::Instant::now();
     let mut attempts = 0;
     loop {
         let snapshot = table.read_row(&address).await?;
@@ -123,7 +124,7 @@ pub(crate) async fn declare_dead(
             return Err(CliError::Membership(MembershipError::Contention {
                 operation: "declare-dead",
                 attempts,
-                elapsed: Duration::ZERO,
+                elapsed: started.elapsed(),
             }));
         }
         attempts += 1;

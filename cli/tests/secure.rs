@@ -124,12 +124,15 @@ async fn members_over_tls_with_the_ca_flag_and_the_server_name() {
     let m: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(m["schema"], 1);
     assert_eq!(m["members"][0]["address"], "10.1.0.1:11111@1", "{m}");
-    // The same from the config file's [tls] section (and the default server name).
-    let path =
-        std::env::temp_dir().join(format!("cm-cli-tls-{}.toml", uuid::Uuid::new_v4().simple()));
-    std::fs::write(&path, format!("[tls]\nca_file = {:?}\n", cert)).unwrap();
+    // The same from the config file's [tls] section (and the default server name), its
+    // relative path taken from the file's directory, not the working directory.
+    let dir = std::env::temp_dir().join(format!("cm-cli-tls-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(cert, dir.join("node.pem")).unwrap();
+    let path = dir.join("config.toml");
+    std::fs::write(&path, "[tls]\nca_file = \"node.pem\"\n").unwrap();
     let (stdout, _) = run(
-        cli("cassandra").args([
+        cli("cassandra").current_dir(std::env::temp_dir()).args([
             "--config",
             path.to_str().unwrap(),
             "--cluster",

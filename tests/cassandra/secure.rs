@@ -75,7 +75,10 @@ fn distrusting_config() -> Arc<rustls::ClientConfig> {
 /// Options for a fresh cluster on the secure node. The keyspace and table are made by the
 /// superuser (`fresh_role`); a role granted only that keyspace needs no CREATE on all keyspaces.
 fn secure_options(user: &str, password: &str) -> CassandraClusteringOptions {
-    CassandraClusteringOptions::new(SECURE_KEYSPACE, "secure-service", unique("c"))
+    CassandraClusteringOptions::default()
+        .keyspace(SECURE_KEYSPACE)
+        .service_id("secure-service")
+        .cluster_id(unique("c"))
         .contact_points([secure_contact_point()])
         .credentials(user, password)
         .request_timeout(Duration::from_secs(10))
