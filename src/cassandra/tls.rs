@@ -445,4 +445,20 @@ mod tests {
         assert!(e.to_string().contains("no PEM"), "{e}");
         let _ = std::fs::remove_file(path);
     }
+
+    #[cfg(not(feature = "rustls"))]
+    #[tokio::test]
+    async fn without_the_rustls_feature_a_tls_section_names_the_feature() {
+        let options = crate::CassandraClusteringOptions::default()
+            .contact_points(["127.0.0.1:1"])
+            .tls(TlsOptions::with_ca_file("ca.pem"));
+        let e = crate::CassandraMembershipTable::connect(options)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, MembershipError::InvalidConfiguration { option, reason }
+                if option == "tls" && reason.contains("`rustls`")),
+            "{e:?}"
+        );
+    }
 }
