@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cassandra_membership::{
-    CassandraClusteringOptions, CassandraMembershipTable, InMemoryMembershipTable, MembershipEntry,
+    CassandraClusteringOptions, CassandraMembershipTable, InMemoryMembershipTable,
     MembershipOptions, MembershipTable, Silo, SiloAddress, SiloStatus, Timestamp,
     TtlMismatchPolicy,
 };
@@ -33,7 +33,9 @@ async fn table(args: &[String]) -> Result<Arc<dyn MembershipTable>, Box<dyn std:
                 "storage: the in-memory table, entries expire {TTL:?} after their last heartbeat"
             );
             Ok(Arc::new(
-                InMemoryMembershipTable::new(cluster).with_expiry(TTL),
+                InMemoryMembershipTable::new(cluster)
+                    .with_expiry(TTL)
+                    .with_options(options()),
             ))
         }
         Some(i) => {
@@ -41,7 +43,10 @@ async fn table(args: &[String]) -> Result<Arc<dyn MembershipTable>, Box<dyn std:
                 .get(i + 1)
                 .cloned()
                 .unwrap_or_else(|| "127.0.0.1:9042".into());
-            let mut o = CassandraClusteringOptions::new("cm_demo", "demo", cluster)
+            let mut o = CassandraClusteringOptions::default()
+                .keyspace("cm_demo")
+                .service_id("demo")
+                .cluster_id(cluster)
                 .contact_points([contact.clone()])
                 .table("membership_demo")
                 .create_keyspace_simple(1)
@@ -124,11 +129,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 11110 + n),
             generation,
         )?;
-        let mut entry = MembershipEntry::new(address, SiloStatus::Joining, Timestamp::now());
-        entry.silo_name = format!("silo-{n}");
-        entry.host_name = "localhost".into();
-        entry.proxy_port = 30000 + n;
-        silos.push(Silo::join(Arc::clone(&table), entry, options()).await?);
+        let silo = Silo::builder(Arc::clone(&table), address)
+            .silo_name(format!("silo-{n}"))
+            .host_name("localhost")
+            .proxy_port(30000 + n)
+            .join()
+            .await?;
+        silos.push(silo);
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     show(

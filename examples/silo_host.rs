@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cassandra_membership::{
-    CassandraClusteringOptions, CassandraMembershipTable, MembershipEntry, MembershipOptions, Silo,
-    SiloAddress, SiloHealth, SiloStatus, Timestamp,
+    CassandraClusteringOptions, CassandraMembershipTable, MembershipOptions, Silo, SiloAddress,
+    SiloHealth, Timestamp,
 };
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -48,19 +48,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     membership.num_missed_table_i_am_alive_limit = 3;
     membership.death_vote_expiration_timeout = period * 10;
     membership.defunct_silo_cleanup_period = None;
-    let options = CassandraClusteringOptions::new(keyspace, "hosts", cluster)
+    let options = CassandraClusteringOptions::default()
+        .keyspace(keyspace)
+        .service_id("hosts")
+        .cluster_id(cluster)
         .contact_points(contact.split(',').map(str::to_owned))
         .create_keyspace_simple(rf)
         .request_timeout(Duration::from_secs(5))
-        .membership(membership.clone());
+        .membership(membership);
     let table = Arc::new(CassandraMembershipTable::connect(options).await?);
     let generation = i32::try_from(Timestamp::now().as_millis() / 1000 % 1_000_000_000)?;
     let address = SiloAddress::new(
         SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
         generation,
     )?;
-    let entry = MembershipEntry::new(address, SiloStatus::Joining, Timestamp::now());
-    let silo = Silo::join(table, entry, membership).await?;
+    let silo = Silo::join(table, address).await?;
     event("joined", &address.to_string());
 
     let mut health = silo.health();

@@ -156,6 +156,8 @@ export RUST_TEST_THREADS=${RUST_TEST_THREADS:-8}
 # The CLI's tests run the built binary against the same node (keyspace cm_cli_test).
 cargo test --workspace --lib --bins --tests ${skip[@]+"${skip[@]}"}
 cargo test --workspace --doc
+step "metrics: what a recorder receives (feature metrics)"
+cargo test --features metrics --test metrics
 step "rio adapter: the three-server example"
 cargo run -p cassandra-membership-rio --example rio_cluster
 step "TLS and authentication (a node on 127.0.0.9 that speaks only TLS and asks for a password)"

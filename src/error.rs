@@ -73,8 +73,23 @@ pub enum MembershipError {
         source: BoxError,
     },
 
-    /// The stored table does not have the shape this version of the library needs.
-    /// Nothing was written.
+    /// The configured keyspace does not exist. Nothing was written (the provider never chooses
+    /// a replication for you). Create the keyspace with the replication your cluster needs
+    /// (`CREATE KEYSPACE … WITH replication = {…}`), or, in development only, set
+    /// `create_keyspace_with_replication` so that `initialize` creates it. Distinct from
+    /// [`MembershipError::SchemaMismatch`]: here nothing is wrong with a table, there is none.
+    #[error(
+        "keyspace {keyspace:?} does not exist: create it with the replication your cluster needs (the provider does not choose one), or for development set create_keyspace_with_replication"
+    )]
+    KeyspaceMissing {
+        /// The keyspace's name.
+        keyspace: String,
+    },
+
+    /// The stored table does not have the shape this version of the library needs (a table of
+    /// another shape, a keyspace that keeps no replica where it must), or the provider's
+    /// statements do not prepare against it (the table is missing where it was not created).
+    /// Nothing was written. A missing keyspace is [`MembershipError::KeyspaceMissing`].
     #[error("schema mismatch on {table}: {detail}")]
     SchemaMismatch {
         /// `keyspace.table`.
@@ -181,13 +196,20 @@ impl MembershipError {
         matches!(self, MembershipError::OutcomeUnknown { .. })
     }
 
-    /// True for failures that may go away by themselves (unavailable, timeout, contention).
+    /// True for failures that may go away by themselves and after which the same call may be
+    /// sent again as it is: [`Unavailable`](MembershipError::Unavailable),
+    /// [`Timeout`](MembershipError::Timeout) and [`Contention`](MembershipError::Contention).
+    ///
+    /// Never true for [`OutcomeUnknown`](MembershipError::OutcomeUnknown): that write may have
+    /// applied (or still apply), so a blind retry is wrong — re-read the table and decide from
+    /// what it holds (test it with [`MembershipError::is_outcome_unknown`]). A retry loop that
+    /// re-reads before each conditional write may retry on `is_transient() ||
+    /// is_outcome_unknown()`.
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
             MembershipError::Unavailable { .. }
                 | MembershipError::Timeout { .. }
-                | MembershipError::OutcomeUnknown { .. }
                 | MembershipError::Contention { .. }
         )
     }

@@ -33,6 +33,7 @@ mod clock;
 mod error;
 mod memory;
 mod model;
+mod observe;
 mod options;
 pub mod runtime;
 mod table;
@@ -53,9 +54,10 @@ pub use model::{
     ETag, MembershipEntry, MembershipRow, MembershipSnapshot, SiloAddress, SiloStatus, SuspectTime,
     TableVersion, Timestamp,
 };
+pub use observe::describe_metrics;
 pub use options::MembershipOptions;
 pub use runtime::health::SiloHealth;
-pub use runtime::silo::Silo;
+pub use runtime::silo::{Silo, SiloBuilder};
 pub use table::{HeartbeatOutcome, Lease, MembershipTable, StorageExpiry};
 
 // The README's code compiles (its Rust blocks are doc tests).

@@ -14,6 +14,8 @@ use crate::model::{
     ETag, MembershipEntry, MembershipRow, MembershipSnapshot, SiloAddress, SiloStatus,
     TableVersion, Timestamp,
 };
+use crate::observe::{Applied, TableMetrics};
+use crate::options::MembershipOptions;
 use crate::table::{HeartbeatOutcome, Lease, MembershipTable, StorageExpiry};
 
 /// A membership table held in process memory.
@@ -46,6 +48,9 @@ pub struct InMemoryMembershipTable {
     cluster_id: Arc<str>,
     clock: Arc<dyn Clock>,
     ttl: Option<Duration>,
+    options: Arc<MembershipOptions>,
+    /// The labels of this handle's operations (`crate::observe`): no service, this cluster.
+    metrics: TableMetrics,
 }
 
 #[derive(Debug, Default)]
@@ -123,14 +128,34 @@ impl Cluster {
 }
 
 impl InMemoryMembershipTable {
-    /// A new, empty store without expiry, on the system clock, with a handle on `cluster_id`.
+    /// A new, empty store without expiry, on the system clock, with default
+    /// [`MembershipOptions`], with a handle on `cluster_id`.
     pub fn new(cluster_id: impl Into<String>) -> Self {
+        let cluster_id: Arc<str> = Arc::from(cluster_id.into());
         InMemoryMembershipTable {
             store: Arc::default(),
-            cluster_id: Arc::from(cluster_id.into()),
+            metrics: TableMetrics::new("", &cluster_id),
+            cluster_id,
             clock: Arc::new(SystemClock),
             ttl: None,
+            options: Arc::default(),
         }
+    }
+
+    /// Sets the cluster's membership options ([`MembershipTable::membership_options`]): what
+    /// [`Silo::join`](crate::Silo::join) runs with on this table. Checked when a silo joins.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cassandra_membership::{InMemoryMembershipTable, MembershipOptions, MembershipTable};
+    /// let table = InMemoryMembershipTable::new("c").with_options(
+    ///     MembershipOptions::default().i_am_alive_table_publish_timeout(Duration::from_secs(5)),
+    /// );
+    /// assert_eq!(table.membership_options().i_am_alive_table_publish_timeout, Duration::from_secs(5));
+    /// ```
+    pub fn with_options(mut self, options: MembershipOptions) -> Self {
+        self.options = Arc::new(options);
+        self
     }
 
     /// Turns storage-side expiry on: entries live `ttl` after their last write or heartbeat.
@@ -145,13 +170,16 @@ impl InMemoryMembershipTable {
         self
     }
 
-    /// A handle on another cluster of the same store (same expiry and clock).
+    /// A handle on another cluster of the same store (same expiry, clock and options).
     pub fn for_cluster(&self, cluster_id: impl Into<String>) -> Self {
+        let cluster_id: Arc<str> = Arc::from(cluster_id.into());
         InMemoryMembershipTable {
             store: Arc::clone(&self.store),
-            cluster_id: Arc::from(cluster_id.into()),
+            metrics: TableMetrics::new("", &cluster_id),
+            cluster_id,
             clock: Arc::clone(&self.clock),
             ttl: self.ttl,
+            options: Arc::clone(&self.options),
         }
     }
 
@@ -164,6 +192,16 @@ impl InMemoryMembershipTable {
                 refresh_by: Some(now.saturating_add(ttl - ttl / 10)),
             },
         }
+    }
+
+    /// Answers one operation of the [`MembershipTable`] impl, recording its outcome and latency
+    /// under `name` (`crate::observe`), as the Cassandra table's `answer` does.
+    async fn answer<T: Applied>(
+        &self,
+        name: &'static str,
+        operation: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        self.metrics.measure(name, async { operation() }).await
     }
 
     fn lock(&self) -> MutexGuard<'_, Store> {
@@ -195,6 +233,10 @@ impl MembershipTable for InMemoryMembershipTable {
         format!("memory:{:p}/{}", Arc::as_ptr(&self.store), self.cluster_id)
     }
 
+    fn membership_options(&self) -> &MembershipOptions {
+        &self.options
+    }
+
     fn storage_expiry(&self) -> StorageExpiry {
         match self.ttl {
             None => StorageExpiry::OFF,
@@ -208,33 +250,42 @@ impl MembershipTable for InMemoryMembershipTable {
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id))]
     async fn initialize(&self, try_init_version: bool) -> Result<()> {
-        self.with_cluster(|c, now| {
-            if try_init_version && c.version.is_none() {
-                c.set_version(0, now);
-            }
-        });
-        Ok(())
+        self.answer("initialize", || {
+            self.with_cluster(|c, now| {
+                if try_init_version && c.version.is_none() {
+                    c.set_version(0, now);
+                }
+            });
+            Ok(())
+        })
+        .await
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id))]
     async fn read_all(&self) -> Result<MembershipSnapshot> {
-        Ok(self.with_cluster(|c, _| MembershipSnapshot {
-            rows: c.rows.values().map(StoredRow::read).collect(),
-            version: c.version(),
-        }))
+        self.answer("read_all", || {
+            Ok(self.with_cluster(|c, _| MembershipSnapshot {
+                rows: c.rows.values().map(StoredRow::read).collect(),
+                version: c.version(),
+            }))
+        })
+        .await
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, silo = %address))]
     async fn read_row(&self, address: &SiloAddress) -> Result<MembershipSnapshot> {
-        Ok(self.with_cluster(|c, _| MembershipSnapshot {
-            rows: c
-                .rows
-                .get(address)
-                .map(StoredRow::read)
-                .into_iter()
-                .collect(),
-            version: c.version(),
-        }))
+        self.answer("read_row", || {
+            Ok(self.with_cluster(|c, _| MembershipSnapshot {
+                rows: c
+                    .rows
+                    .get(address)
+                    .map(StoredRow::read)
+                    .into_iter()
+                    .collect(),
+                version: c.version(),
+            }))
+        })
+        .await
     }
 
     #[instrument(level = "debug", skip(self, entry), fields(cluster = %self.cluster_id, silo = %entry.address, version = new_version.version))]
@@ -243,20 +294,23 @@ impl MembershipTable for InMemoryMembershipTable {
         entry: &MembershipEntry,
         new_version: &TableVersion,
     ) -> Result<bool> {
-        Ok(self.with_cluster(|c, now| {
-            if c.rows.contains_key(&entry.address) || !c.version_matches(&new_version.etag) {
-                return false;
-            }
-            let row = StoredRow {
-                entry: entry.clone(),
-                etag: ETag::random(),
-                heartbeat: None,
-                touched: now,
-            };
-            c.rows.insert(entry.address, row);
-            c.set_version(new_version.version, now);
-            true
-        }))
+        self.answer("insert_row", || {
+            Ok(self.with_cluster(|c, now| {
+                if c.rows.contains_key(&entry.address) || !c.version_matches(&new_version.etag) {
+                    return false;
+                }
+                let row = StoredRow {
+                    entry: entry.clone(),
+                    etag: ETag::random(),
+                    heartbeat: None,
+                    touched: now,
+                };
+                c.rows.insert(entry.address, row);
+                c.set_version(new_version.version, now);
+                true
+            }))
+        })
+        .await
     }
 
     #[instrument(level = "debug", skip(self, entry), fields(cluster = %self.cluster_id, silo = %entry.address, version = new_version.version))]
@@ -266,19 +320,22 @@ impl MembershipTable for InMemoryMembershipTable {
         row_etag: &ETag,
         new_version: &TableVersion,
     ) -> Result<bool> {
-        Ok(self.with_cluster(|c, now| {
-            let version_ok = c.version_matches(&new_version.etag);
-            match c.rows.get_mut(&entry.address) {
-                Some(row) if version_ok && &row.etag == row_etag => {
-                    row.entry = entry.clone();
-                    row.etag = ETag::random();
-                    row.touched = now;
+        self.answer("update_row", || {
+            Ok(self.with_cluster(|c, now| {
+                let version_ok = c.version_matches(&new_version.etag);
+                match c.rows.get_mut(&entry.address) {
+                    Some(row) if version_ok && &row.etag == row_etag => {
+                        row.entry = entry.clone();
+                        row.etag = ETag::random();
+                        row.touched = now;
+                    }
+                    _ => return false,
                 }
-                _ => return false,
-            }
-            c.set_version(new_version.version, now);
-            true
-        }))
+                c.set_version(new_version.version, now);
+                true
+            }))
+        })
+        .await
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, silo = %address))]
@@ -287,46 +344,59 @@ impl MembershipTable for InMemoryMembershipTable {
         address: &SiloAddress,
         time: Timestamp,
     ) -> Result<HeartbeatOutcome> {
-        Ok(self.with_cluster(|c, now| match c.rows.get_mut(address) {
-            None => HeartbeatOutcome::NotFound,
-            Some(row) => {
-                let moved = row.heartbeat.is_none_or(|h| time > h);
-                if moved {
-                    row.heartbeat = Some(time);
-                    // A write decided on a read from before this heartbeat (a death vote)
-                    // must no longer match, exactly as on the Cassandra backend.
-                    row.etag = ETag::random();
+        self.answer("update_i_am_alive", || {
+            Ok(self.with_cluster(|c, now| match c.rows.get_mut(address) {
+                None => HeartbeatOutcome::NotFound,
+                Some(row) => {
+                    let moved = row.heartbeat.is_none_or(|h| time > h);
+                    if moved {
+                        row.heartbeat = Some(time);
+                        // A write decided on a read from before this heartbeat (a death vote)
+                        // must no longer match, exactly as on the Cassandra backend.
+                        row.etag = ETag::random();
+                    }
+                    row.touched = now;
+                    let lease = self.lease(now);
+                    if row.entry.status == SiloStatus::Dead {
+                        HeartbeatOutcome::DeclaredDead { lease }
+                    } else {
+                        HeartbeatOutcome::Refreshed { lease }
+                    }
                 }
-                row.touched = now;
-                let lease = self.lease(now);
-                if row.entry.status == SiloStatus::Dead {
-                    HeartbeatOutcome::DeclaredDead { lease }
-                } else {
-                    HeartbeatOutcome::Refreshed { lease }
-                }
-            }
-        }))
+            }))
+        })
+        .await
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id))]
     async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize> {
-        Ok(self.with_cluster(|c, _| {
-            let len = c.rows.len();
-            c.rows.retain(|_, row| {
-                let read = row.read();
-                read.entry.status == SiloStatus::Active || read.entry.last_activity() >= before
-            });
-            len - c.rows.len()
-        }))
+        let removed = self
+            .answer("cleanup_defunct", || {
+                Ok(self.with_cluster(|c, _| {
+                    let len = c.rows.len();
+                    c.rows.retain(|_, row| {
+                        let read = row.read();
+                        read.entry.status == SiloStatus::Active
+                            || read.entry.last_activity() >= before
+                    });
+                    len - c.rows.len()
+                }))
+            })
+            .await?;
+        self.metrics.removed(removed);
+        Ok(removed)
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id))]
     async fn delete_cluster(&self, cluster_id: &str) -> Result<()> {
-        if cluster_id.is_empty() {
-            return Err(MembershipError::config("cluster_id", "must not be empty"));
-        }
-        self.lock().clusters.remove(cluster_id);
-        Ok(())
+        self.answer("delete_cluster", || {
+            if cluster_id.is_empty() {
+                return Err(MembershipError::config("cluster_id", "must not be empty"));
+            }
+            self.lock().clusters.remove(cluster_id);
+            Ok(())
+        })
+        .await
     }
 }
 

@@ -9,6 +9,7 @@ use crate::error::Result;
 use crate::model::{
     ETag, MembershipEntry, MembershipSnapshot, SiloAddress, TableVersion, Timestamp,
 };
+use crate::options::MembershipOptions;
 
 /// How long a silo's entry is guaranteed to live and when it should be refreshed — the
 /// equivalent of a resolver's registration lifetime.
@@ -91,6 +92,12 @@ pub trait MembershipTable: Send + Sync + Debug {
     /// The cluster this table value reads and writes.
     fn cluster_id(&self) -> &str;
 
+    /// The service this table value's cluster belongs to, when the backend has one (the
+    /// Cassandra table's `service_id`); `""` by default. Labels the metrics.
+    fn service_id(&self) -> &str {
+        ""
+    }
+
     /// What this table value's data is, as a key: two values with the same identity read and
     /// write the same entries (the runtime runs one defunct cleanup per identity and process).
     /// Backends override it with their storage's name (the Cassandra table:
@@ -103,6 +110,14 @@ pub trait MembershipTable: Send + Sync + Debug {
             self.cluster_id()
         )
     }
+
+    /// The membership options of this table's cluster: the one source of them for
+    /// [`Silo::join`](crate::Silo::join) (publish period, votes, cleanup, timeouts) and for the
+    /// backend itself (the TTL is `defunct_silo_expiration`). The Cassandra table returns its
+    /// `CassandraClusteringOptions::membership`; the in-memory table the options given to
+    /// [`InMemoryMembershipTable::with_options`](crate::InMemoryMembershipTable::with_options).
+    /// A wrapper forwards its inner table's.
+    fn membership_options(&self) -> &MembershipOptions;
 
     /// What storage-side expiry this table applies.
     fn storage_expiry(&self) -> StorageExpiry {

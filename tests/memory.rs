@@ -67,3 +67,21 @@ async fn the_model_check_catches_an_ignored_row_tag() {
         "a backend ignoring row tags must fail the model check"
     );
 }
+
+/// The in-memory table's membership options: defaults, or what `with_options` set; every
+/// handle on the store keeps them, and a fault-injecting wrapper forwards them.
+#[test]
+fn the_membership_options_are_the_table_s_and_its_wrappers_forward_them() {
+    use std::time::Duration;
+
+    use cassandra_membership::MembershipOptions;
+    let plain = InMemoryMembershipTable::new("c");
+    assert_eq!(plain.membership_options(), &MembershipOptions::default());
+    let o = MembershipOptions::default().i_am_alive_table_publish_timeout(Duration::from_secs(3));
+    let table = InMemoryMembershipTable::new("c").with_options(o.clone());
+    assert_eq!(table.membership_options(), &o);
+    assert_eq!(table.clone().membership_options(), &o);
+    assert_eq!(table.for_cluster("d").membership_options(), &o);
+    let wrapped = FaultyTable::new(Arc::new(table));
+    assert_eq!(wrapped.membership_options(), &o);
+}

@@ -34,16 +34,26 @@ fn membership_options_that_cannot_work_are_refused() {
 
 #[test]
 fn cassandra_options_name_the_full_path_and_never_overflow() {
-    let blank = CassandraClusteringOptions::new("ks", "svc", "   ");
+    let blank = CassandraClusteringOptions::default()
+        .keyspace("ks")
+        .service_id("svc")
+        .cluster_id("   ");
     assert_eq!(option_of(blank.validate()), "cluster_id");
-    let mut o = CassandraClusteringOptions::new("ks", "svc", "c").ttl(true);
+    let mut o = CassandraClusteringOptions::default()
+        .keyspace("ks")
+        .service_id("svc")
+        .cluster_id("c")
+        .ttl(true);
     o.ttl_renewal_interval = Some(Duration::MAX);
     let r = std::panic::catch_unwind(|| o.validate());
     assert_eq!(
         option_of(r.expect("validate() must not panic")),
         "ttl_renewal_interval"
     );
-    let mut o = CassandraClusteringOptions::new("ks", "svc", "c");
+    let mut o = CassandraClusteringOptions::default()
+        .keyspace("ks")
+        .service_id("svc")
+        .cluster_id("c");
     o.membership.defunct_silo_expiration = Duration::ZERO;
     assert_eq!(
         option_of(o.validate()),
@@ -87,4 +97,116 @@ fn only_canonical_silo_addresses_parse() {
     }
     let a: SiloAddress = "[::1]:11111@7".parse().unwrap();
     assert_eq!(a.to_string(), "[::1]:11111@7");
+}
+
+/// A process that forgot its service or cluster id must not silently join a cluster named
+/// "default" that another forgetful process shares: both ids have no default.
+#[test]
+fn the_service_and_cluster_ids_have_no_default() {
+    let reason_of = |o: CassandraClusteringOptions| match o.validate() {
+        Err(MembershipError::InvalidConfiguration { option, reason }) => (option, reason),
+        other => panic!("expected InvalidConfiguration, got {other:?}"),
+    };
+    let (option, reason) = reason_of(CassandraClusteringOptions::default());
+    assert_eq!(option, "service_id");
+    assert!(
+        reason.contains("not set") && reason.contains("no default"),
+        "{reason}"
+    );
+    let (option, reason) = reason_of(CassandraClusteringOptions::default().service_id("shop"));
+    assert_eq!(option, "cluster_id");
+    assert!(reason.contains("not set"), "{reason}");
+    let (option, _) = reason_of(CassandraClusteringOptions::default().cluster_id("blue"));
+    assert_eq!(option, "service_id");
+    CassandraClusteringOptions::default()
+        .service_id("shop")
+        .cluster_id("blue")
+        .validate()
+        .unwrap();
+}
+
+/// A config file without the ids parses (every other field has its default) and fails
+/// validation naming the missing id — the error a host reports, not a serde parse error.
+#[test]
+fn a_config_file_without_the_ids_parses_and_fails_validation_naming_them() {
+    let o: CassandraClusteringOptions =
+        toml::from_str("keyspace = \"orleans\"\nttl = true\n").expect("parses");
+    assert_eq!(option_of(o.validate()), "service_id");
+    let o: CassandraClusteringOptions = toml::from_str("service_id = \"shop\"\n").expect("parses");
+    assert_eq!(option_of(o.validate()), "cluster_id");
+    let o: CassandraClusteringOptions =
+        toml::from_str("service_id = \"shop\"\ncluster_id = \"blue\"\n").unwrap();
+    o.validate().unwrap();
+    assert_eq!(
+        (o.service_id.as_str(), o.cluster_id.as_str()),
+        ("shop", "blue")
+    );
+}
+
+/// `connect` validates before it sends anything: unset ids fail at once, naming the field,
+/// even with no node at the contact point.
+#[test]
+fn connect_refuses_unset_ids_before_connecting() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let o = CassandraClusteringOptions::default()
+        .service_id("shop")
+        .contact_points(["127.0.0.1:1"]);
+    match rt.block_on(cassandra_membership::CassandraMembershipTable::connect(o)) {
+        Err(MembershipError::InvalidConfiguration { option, .. }) => {
+            assert_eq!(option, "cluster_id")
+        }
+        other => panic!("expected InvalidConfiguration, got {other:?}"),
+    }
+}
+
+/// `is_transient()` is "the same call may simply be sent again": an outcome that is not known
+/// may have applied, so it is not transient (the docs forbid the blind retry).
+#[test]
+fn an_unknown_outcome_is_not_transient() {
+    let unknown = MembershipError::OutcomeUnknown {
+        operation: "insert_row",
+        detail: "injected".into(),
+        source: "injected".into(),
+    };
+    assert!(!unknown.is_transient());
+    assert!(unknown.is_outcome_unknown());
+    for transient in [
+        MembershipError::Timeout {
+            operation: "read_all",
+            source: "injected".into(),
+        },
+        MembershipError::Unavailable {
+            operation: "read_all",
+            source: "injected".into(),
+        },
+        MembershipError::Contention {
+            operation: "read_all",
+            attempts: 8,
+            elapsed: Duration::from_secs(1),
+        },
+    ] {
+        assert!(transient.is_transient(), "{transient:?}");
+        assert!(!transient.is_outcome_unknown(), "{transient:?}");
+    }
+    let missing = MembershipError::KeyspaceMissing {
+        keyspace: "orleans".into(),
+    };
+    assert!(!missing.is_transient() && !missing.is_outcome_unknown());
+}
+
+/// A missing keyspace says which, and what to do: create it, or (development) let
+/// `initialize` create it.
+#[test]
+fn a_missing_keyspace_says_what_to_do() {
+    let text = MembershipError::KeyspaceMissing {
+        keyspace: "orleans".into(),
+    }
+    .to_string();
+    assert!(text.contains("\"orleans\" does not exist"), "{text}");
+    assert!(text.contains("create it"), "{text}");
+    assert!(text.contains("create_keyspace_with_replication"), "{text}");
+    assert!(!text.contains("schema mismatch"), "{text}");
 }

@@ -219,19 +219,28 @@ async fn initialize_storm(s: &Arc<Session>, label: &str, n: u32) -> Res<Outcome>
 async fn silo_storm(s: &Arc<Session>, label: &str, n: u32) -> Res<Outcome> {
     let cluster = format!("silo-{n}");
     let t = fresh(s, &cluster).await?;
-    let before = t.statement_counts();
-    let mut options = MembershipOptions::default();
-    options.defunct_silo_expiration = Duration::from_secs(3600);
+    let mut options = t.options().membership.clone();
     // One silo per process may run the defunct cleanup; here all of them share one.
     options.defunct_silo_cleanup_period = None;
+    // The silos' table: `t`'s session and options, with the cleanup off (the counts are its).
+    let silos = CassandraMembershipTable::with_session(
+        Arc::clone(t.session()),
+        t.options().clone().membership(options),
+    )?;
+    let before = silos.statement_counts();
     let start = Instant::now();
     let tasks: Vec<_> = (0..n)
         .map(|i| {
             let table: Arc<dyn MembershipTable> =
-                Arc::new(t.for_cluster(&cluster).expect("a valid cluster id"));
-            let options = options.clone();
+                Arc::new(silos.for_cluster(&cluster).expect("a valid cluster id"));
             tokio::spawn(async move {
-                let r = Silo::join(table, entry(i), options).await;
+                let e = entry(i);
+                let r = Silo::builder(table, e.address)
+                    .host_name(e.host_name)
+                    .silo_name(e.silo_name)
+                    .proxy_port(e.proxy_port)
+                    .join()
+                    .await;
                 let took = start.elapsed();
                 // The heartbeat (every 30 s) and detector never run before this section ends.
                 (took, r.map(Silo::crash).map_err(|e| e.to_string()))
@@ -250,7 +259,7 @@ async fn silo_storm(s: &Arc<Session>, label: &str, n: u32) -> Res<Outcome> {
         silos: n,
         all_joined,
         per_silo,
-        counts: counts_since(&t, before),
+        counts: counts_since(&silos, before),
         // Per silo: initialize's version insert (it finds the version there), the insert, Active.
         needed_lwts: 3 * u64::from(n),
         errors,

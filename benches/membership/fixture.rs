@@ -76,7 +76,10 @@ pub(crate) async fn session() -> Res<Arc<Session>> {
 pub(crate) fn opts(cluster: &str, table: &str, ttl: bool) -> CassandraClusteringOptions {
     let mut m = MembershipOptions::default();
     m.defunct_silo_expiration = Duration::from_secs(3600);
-    CassandraClusteringOptions::new(KS.as_str(), "bench", cluster)
+    CassandraClusteringOptions::default()
+        .keyspace(KS.as_str())
+        .service_id("bench")
+        .cluster_id(cluster)
         .table(table)
         .ttl(ttl)
         .membership(m)

@@ -23,7 +23,10 @@ pub(crate) async fn run(s: &Arc<Session>, r: &mut Report) -> Res<()> {
     let mut m = MembershipOptions::default();
     m.defunct_silo_expiration = Duration::from_secs(600);
     m.i_am_alive_table_publish_timeout = Duration::from_millis(10);
-    let mut o = CassandraClusteringOptions::new(KS.as_str(), "bench", "hb-cost")
+    let mut o = CassandraClusteringOptions::default()
+        .keyspace(KS.as_str())
+        .service_id("bench")
+        .cluster_id("hb-cost")
         .table("membership_ttl")
         .ttl(true)
         .membership(m);

@@ -45,7 +45,10 @@ pub(crate) async fn run(s: &Arc<Session>, r: &mut Report) -> Res<Vec<(f64, f64)>
     let mut m = MembershipOptions::default();
     m.defunct_silo_expiration = Duration::from_secs(600);
     m.i_am_alive_table_publish_timeout = Duration::from_secs(1);
-    let mut o = CassandraClusteringOptions::new(KS.as_str(), "bench", "thousand")
+    let mut o = CassandraClusteringOptions::default()
+        .keyspace(KS.as_str())
+        .service_id("bench")
+        .cluster_id("thousand")
         .table("membership_ttl")
         .ttl(true)
         .membership(m);

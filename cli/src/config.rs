@@ -29,7 +29,8 @@ pub(crate) const AFTER_HELP: &str = concat!(
     "  0  ok\n",
     "  1  the operation failed: no node answered, a timeout, no such cluster or silo, an outcome\n",
     "     that could not be resolved\n",
-    "  2  usage or configuration error: a bad flag, config file or option value\n",
+    "  2  usage or configuration error: a bad flag, config file or option value, a missing\n",
+    "     --service or --cluster\n",
     "  3  refused: a change that needs --yes was not confirmed; nothing was changed\n",
     "  4  access denied (credentials or grants), or the schema: the keyspace or table is\n",
     "     missing or has another shape"
@@ -61,6 +62,7 @@ fn membership_exit_code(e: &MembershipError) -> u8 {
         // the same way. (One line per variant: a missing keyspace gets its own.)
         MembershipError::AccessDenied { .. } => EXIT_DENIED,
         MembershipError::SchemaMismatch { .. } => EXIT_DENIED,
+        MembershipError::KeyspaceMissing { .. } => EXIT_DENIED,
         _ => EXIT_FAILED,
     }
 }
@@ -117,6 +119,8 @@ pub(crate) struct Overrides {
     pub(crate) tls_cert: Option<PathBuf>,
     pub(crate) tls_key: Option<PathBuf>,
     pub(crate) tls_server_name: Option<String>,
+    /// What of the cluster's identity the command needs.
+    pub(crate) scope: Scope,
 }
 
 /// Where the options file is: `--config`, else the default path when that file exists.
@@ -137,6 +141,24 @@ pub(crate) fn default_config_path(env: &impl Fn(&str) -> Option<String>) -> Opti
     };
     Some(base.join("cassandra-membership").join("config.toml"))
 }
+
+/// What a command names: the library has no default service or cluster, so only the commands
+/// that work on one ask for them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Scope {
+    /// One cluster of one service (`members`, `watch`, `cleanup`, `declare-dead`): both ids
+    /// are needed.
+    #[default]
+    Cluster,
+    /// Clusters of one service, named by the command itself (`delete-cluster CLUSTER`).
+    Service,
+    /// The whole table, every service and cluster (`clusters`, `audit`, `patch`).
+    Table,
+}
+
+/// What stands for an id a command does not use: the library needs one to build a table value,
+/// and none of that command's statements binds it.
+const UNUSED_ID: &str = "(unused by this command)";
 
 /// The options, and what of them the operator said explicitly (where a default would be harmful).
 #[derive(Debug)]
@@ -199,6 +221,7 @@ pub(crate) fn resolve(
         tls_cert,
         tls_key,
         tls_server_name,
+        scope,
     } = overrides;
     if let Some(points) = contact_points {
         o.contact_points = points;
@@ -248,6 +271,12 @@ pub(crate) fn resolve(
     }
     // An operator tool never creates a keyspace, whatever a development config says.
     o.create_keyspace_with_replication = None;
+    if scope != Scope::Cluster && o.cluster_id.is_empty() {
+        o.cluster_id = UNUSED_ID.into();
+    }
+    if scope == Scope::Table && o.service_id.is_empty() {
+        o.service_id = UNUSED_ID.into();
+    }
     o.validate()?;
     Ok(Resolved {
         options: o,
@@ -370,6 +399,66 @@ mod tests {
         None
     }
 
+    /// Flags naming a service and a cluster, nothing else.
+    fn named() -> Overrides {
+        Overrides {
+            service: Some("svc".into()),
+            cluster: Some("blue".into()),
+            ..Overrides::default()
+        }
+    }
+
+    #[test]
+    fn the_ids_have_no_default_and_only_the_commands_on_a_cluster_need_them() {
+        let e = resolve(Source::default(), Overrides::default(), no_env).unwrap_err();
+        assert_eq!(e.exit_code(), EXIT_USAGE);
+        assert!(e.to_string().contains("service_id: not set"), "{e}");
+        let service_only = || Overrides {
+            service: Some("svc".into()),
+            ..Overrides::default()
+        };
+        let e = resolve(Source::default(), service_only(), no_env).unwrap_err();
+        assert!(e.to_string().contains("cluster_id: not set"), "{e}");
+        // delete-cluster names its cluster as its argument; the service it needs.
+        let service = Overrides {
+            scope: Scope::Service,
+            ..service_only()
+        };
+        let o = resolve(Source::default(), service, no_env).unwrap().options;
+        assert_eq!(o.service_id, "svc");
+        let e = resolve(
+            Source::default(),
+            Overrides {
+                scope: Scope::Service,
+                ..Overrides::default()
+            },
+            no_env,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("service_id: not set"), "{e}");
+        // clusters, audit, patch: the whole table, neither.
+        let table_wide = Overrides {
+            scope: Scope::Table,
+            ..Overrides::default()
+        };
+        resolve(Source::default(), table_wide, no_env).unwrap();
+        // Named ids are never replaced.
+        let o = resolve(
+            Source::default(),
+            Overrides {
+                scope: Scope::Table,
+                ..named()
+            },
+            no_env,
+        )
+        .unwrap()
+        .options;
+        assert_eq!(
+            (o.service_id.as_str(), o.cluster_id.as_str()),
+            ("svc", "blue")
+        );
+    }
+
     #[test]
     fn flags_override_the_file_and_defaults_fill_the_rest() {
         let dir = std::env::temp_dir().join(format!("cm-cli-unit-{}", std::process::id()));
@@ -377,7 +466,7 @@ mod tests {
         let path = dir.join("a.toml");
         std::fs::write(
             &path,
-            "keyspace = \"from_file\"\ntable = \"t1\"\nttl = true\n",
+            "keyspace = \"from_file\"\ntable = \"t1\"\nttl = true\nservice_id = \"shop\"\ncluster_id = \"green\"\n",
         )
         .unwrap();
         let o = resolve(
@@ -387,6 +476,7 @@ mod tests {
             },
             Overrides {
                 table: Some("t2".into()),
+                cluster: Some("blue".into()),
                 ..Overrides::default()
             },
             no_env,
@@ -397,14 +487,15 @@ mod tests {
         assert_eq!(o.keyspace, "from_file");
         assert_eq!(o.table, "t2");
         assert!(o.ttl);
-        assert_eq!(o.cluster_id, "default");
+        assert_eq!(o.service_id, "shop");
+        assert_eq!(o.cluster_id, "blue");
     }
 
     #[test]
     fn local_datacenter_comes_from_the_flag_and_local_quorum_requires_it() {
         let local = Overrides {
             consistency: Some(ConsistencyProfile::LocalQuorum),
-            ..Overrides::default()
+            ..named()
         };
         let e = resolve(Source::default(), local, no_env).unwrap_err();
         assert_eq!(e.exit_code(), EXIT_USAGE);
@@ -414,7 +505,7 @@ mod tests {
             Overrides {
                 consistency: Some(ConsistencyProfile::LocalQuorum),
                 local_datacenter: Some("dc1".into()),
-                ..Overrides::default()
+                ..named()
             },
             no_env,
         )
@@ -445,14 +536,15 @@ mod tests {
     #[test]
     fn credentials_come_from_the_environment_in_pairs() {
         let env = |k: &str| (k == ENV_USERNAME).then(|| "ops".to_owned());
-        let e = resolve(Source::default(), Overrides::default(), env).unwrap_err();
+        let e = resolve(Source::default(), named(), env).unwrap_err();
         assert_eq!(e.exit_code(), EXIT_USAGE);
+        assert!(e.to_string().contains(ENV_PASSWORD), "{e}");
         let env = |k: &str| match k {
             ENV_USERNAME => Some("ops".to_owned()),
             ENV_PASSWORD => Some("s3cret".to_owned()),
             _ => None,
         };
-        let o = resolve(Source::default(), Overrides::default(), env).unwrap();
+        let o = resolve(Source::default(), named(), env).unwrap();
         assert!(!o.ttl_explicit);
         let o = o.options;
         assert_eq!(o.credentials.unwrap().username, "ops");
@@ -514,7 +606,7 @@ mod tests {
             },
             Overrides {
                 tls_server_name: Some("db.internal".into()),
-                ..Overrides::default()
+                ..named()
             },
             no_env,
         )

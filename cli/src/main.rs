@@ -21,7 +21,7 @@ use cassandra_membership::{
 use clap::{ArgAction, CommandFactory, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 
-use config::{CliError, Overrides, Source};
+use config::{CliError, Overrides, Scope, Source};
 use report::{AuditReport, ClusterReport, ClustersReport, Document, MembersReport};
 
 #[derive(Debug, Parser)]
@@ -66,10 +66,11 @@ struct Cli {
     /// The table.
     #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_TABLE")]
     table: Option<String>,
-    /// The Orleans ServiceId.
+    /// The Orleans ServiceId; no default (members, watch, cleanup, delete-cluster need it).
     #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_SERVICE")]
     service: Option<String>,
-    /// The Orleans ClusterId the command works on (members, watch, patch, cleanup).
+    /// The Orleans ClusterId the command works on; no default (members, watch, cleanup,
+    /// declare-dead need it).
     #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_CLUSTER")]
     cluster: Option<String>,
     /// Consistency levels: quorum (QUORUM + SERIAL) or local_quorum (LOCAL_QUORUM +
@@ -280,6 +281,15 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             key: cli.config_key.as_deref(),
         },
         Overrides {
+            scope: match cli.command {
+                Command::Clusters | Command::Audit | Command::Patch { .. } => Scope::Table,
+                Command::DeleteCluster { .. } => Scope::Service,
+                Command::Members
+                | Command::DeclareDead { .. }
+                | Command::Cleanup { .. }
+                | Command::Watch { .. }
+                | Command::Completions { .. } => Scope::Cluster,
+            },
             contact_points: cli.contact_points,
             keyspace: cli.keyspace,
             table: cli.table,

@@ -605,7 +605,7 @@ fn a_bad_config_file_is_exit_2_naming_the_option() {
         "{out:?}"
     );
 
-    let invalid = config_file("page_size = 0\n");
+    let invalid = config_file("service_id = \"shop\"\ncluster_id = \"blue\"\npage_size = 0\n");
     let out = bare()
         .args(["--config", invalid.to_str().unwrap(), "members"])
         .output()
@@ -652,19 +652,67 @@ fn an_unreachable_node_is_exit_1_within_the_timeout_and_credentials_are_never_ec
 
 #[test]
 fn a_wrong_keyspace_or_table_is_a_schema_error_exit_4() {
-    for (keyspace, table) in [
-        (keyspace(), "no_such_table_f14".to_owned()),
-        ("no_such_keyspace_f14".to_owned(), "membership".to_owned()),
+    for (keyspace, table, says) in [
+        (
+            keyspace(),
+            "no_such_table_f14".to_owned(),
+            "schema mismatch".to_owned(),
+        ),
+        (
+            "no_such_keyspace_f14".to_owned(),
+            "membership".to_owned(),
+            "keyspace \"no_such_keyspace_f14\" does not exist".to_owned(),
+        ),
     ] {
         let out = bare()
             .args(["--contact-points", &contact_points()])
-            .args(["--keyspace", &keyspace, "--table", &table, "members"])
+            .args(["--keyspace", &keyspace, "--table", &table])
+            .args(["--service", SERVICE, "--cluster", "blue", "members"])
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(4), "{keyspace}.{table}: {out:?}");
         assert!(
-            String::from_utf8_lossy(&out.stderr).contains("schema mismatch"),
+            String::from_utf8_lossy(&out.stderr).contains(&says),
             "{out:?}"
+        );
+    }
+}
+
+/// A forgotten `--cluster` (or `--service`) is refused naming it, before connecting: there is
+/// no default cluster an operator would read or clean by mistake. Table-wide commands need
+/// neither.
+#[test]
+fn a_command_on_a_cluster_without_its_ids_is_exit_2_naming_them() {
+    for (args, missing) in [
+        (vec!["--service", SERVICE, "members"], "cluster_id: not set"),
+        (vec!["--cluster", "blue", "members"], "service_id: not set"),
+        (
+            vec!["--service", SERVICE, "cleanup", "--older-than", "7d"],
+            "cluster_id: not set",
+        ),
+        (vec!["delete-cluster", "blue"], "service_id: not set"),
+        (
+            vec![
+                "--service",
+                SERVICE,
+                "declare-dead",
+                "10.0.0.1:1@1",
+                "--yes",
+            ],
+            "cluster_id: not set",
+        ),
+    ] {
+        let out = bare()
+            .args(["--contact-points", "127.0.0.1:1"])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(missing), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("unavailable"),
+            "refused before connecting: {stderr}"
         );
     }
 }
@@ -1297,35 +1345,48 @@ async fn the_default_config_path_and_config_key_supply_the_options() {
 
 #[test]
 fn one_spelling_of_each_value_and_tls_flags_are_validated_before_connecting() {
-    let (_, stderr) = exits(bare().args(["--consistency", "local", "members"]), 2);
+    let (_, stderr) = exits(
+        bare()
+            .args(["--service", "shop", "--cluster", "blue"])
+            .args(["--consistency", "local", "members"]),
+        2,
+    );
     assert!(
         stderr.contains("local_quorum"),
         "names the spelling: {stderr}"
     );
     // A certificate without its key, and a key without its certificate.
     let (_, stderr) = exits(
-        bare().args(["--tls-ca", "/ca.pem", "--tls-cert", "/c.pem", "members"]),
+        bare()
+            .args(["--service", "shop", "--cluster", "blue"])
+            .args(["--tls-ca", "/ca.pem", "--tls-cert", "/c.pem", "members"]),
         2,
     );
     assert!(stderr.contains("tls.key_file"), "{stderr}");
     let (_, stderr) = exits(
-        bare().args(["--tls-ca", "/ca.pem", "--tls-key", "/k.pem", "members"]),
+        bare()
+            .args(["--service", "shop", "--cluster", "blue"])
+            .args(["--tls-ca", "/ca.pem", "--tls-key", "/k.pem", "members"]),
         2,
     );
     assert!(stderr.contains("tls.cert_file"), "{stderr}");
     let (_, stderr) = exits(
-        bare().args(["--tls-server-name", "db.internal", "members"]),
+        bare()
+            .args(["--service", "shop", "--cluster", "blue"])
+            .args(["--tls-server-name", "db.internal", "members"]),
         2,
     );
     assert!(stderr.contains("tls.ca_file"), "{stderr}");
     let (_, stderr) = exits(
-        bare().args([
-            "--tls-ca",
-            "/no/such/ca.pem",
-            "--contact-points",
-            "127.0.0.1:1",
-            "members",
-        ]),
+        bare()
+            .args(["--service", "shop", "--cluster", "blue"])
+            .args([
+                "--tls-ca",
+                "/no/such/ca.pem",
+                "--contact-points",
+                "127.0.0.1:1",
+                "members",
+            ]),
         2,
     );
     assert!(

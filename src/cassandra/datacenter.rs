@@ -304,7 +304,10 @@ mod tests {
 
     #[test]
     fn the_profile_exists_only_for_a_named_dc() {
-        let o = CassandraClusteringOptions::new("ks", "s", "c");
+        let o = CassandraClusteringOptions::default()
+            .keyspace("ks")
+            .service_id("s")
+            .cluster_id("c");
         assert!(routing_profile(&o).is_none());
         assert!(routing_profile(&o.local_datacenter("dc1")).is_some());
     }

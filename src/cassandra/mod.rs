@@ -64,6 +64,8 @@ use crate::error::{MembershipError, Result};
 use crate::model::{
     ETag, MembershipEntry, MembershipSnapshot, SiloAddress, TableVersion, Timestamp,
 };
+use crate::observe::{Applied, TableMetrics};
+use crate::options::MembershipOptions;
 use crate::table::{HeartbeatOutcome, MembershipTable, StorageExpiry};
 use bind::ttl_value;
 use exec::Counters;
@@ -110,7 +112,10 @@ struct Shared {
 /// ```no_run
 /// use cassandra_membership::{CassandraClusteringOptions, CassandraMembershipTable, MembershipTable};
 /// # async fn f() -> cassandra_membership::Result<()> {
-/// let options = CassandraClusteringOptions::new("orleans", "my-service", "blue")
+/// let options = CassandraClusteringOptions::default()
+///     .keyspace("orleans")
+///     .service_id("my-service")
+///     .cluster_id("blue")
 ///     .contact_points(["10.0.0.5:9042"])
 ///     .ttl(true);
 /// let table = CassandraMembershipTable::connect(options).await?;
@@ -125,6 +130,8 @@ pub struct CassandraMembershipTable {
     leases: Mutex<HashMap<SiloAddress, LeaseState>>,
     /// What `initialize` and lease renewals learnt of this cluster's partition's expiry.
     expiry_state: expiry::ExpiryState,
+    /// The labels of this value's operations (`crate::observe`).
+    metrics: TableMetrics,
 }
 
 impl CassandraMembershipTable {
@@ -232,6 +239,7 @@ impl CassandraMembershipTable {
         let cluster_id = options.cluster_id.clone();
         let qualified = qualified(&options.keyspace, &options.table);
         let routing = datacenter::routing_profile(&options);
+        let metrics = TableMetrics::new(&options.service_id, &cluster_id);
         Ok(CassandraMembershipTable {
             shared: Arc::new(Shared {
                 session,
@@ -245,6 +253,7 @@ impl CassandraMembershipTable {
             cluster_id,
             leases: Mutex::default(),
             expiry_state: Default::default(),
+            metrics,
         })
     }
 
@@ -253,6 +262,7 @@ impl CassandraMembershipTable {
         let cluster_id = cluster_id.into();
         options::validate_value("cluster_id", &cluster_id)?;
         Ok(CassandraMembershipTable {
+            metrics: TableMetrics::new(self.service_id(), &cluster_id),
             shared: Arc::clone(&self.shared),
             cluster_id,
             leases: Mutex::default(),
@@ -295,7 +305,7 @@ impl CassandraMembershipTable {
                 let o = self.options();
                 // Every first operation of a table value, `initialize` or not (the CLI's).
                 self.check_datacenter_known()?;
-                Statements::prepare(
+                let prepared = Statements::prepare(
                     self.session(),
                     &self.shared.qualified,
                     o.consistency,
@@ -303,10 +313,32 @@ impl CassandraMembershipTable {
                     o.request_timeout,
                     o.page_size,
                 )
-                .await
-                .map_err(|e| errors::prepare_error(&self.shared.qualified, e))
+                .await;
+                match prepared {
+                    Ok(st) => Ok(st),
+                    Err(e) => Err(self
+                        .keyspace_missing(errors::prepare_error(&self.shared.qualified, e))
+                        .await),
+                }
             })
             .await
+    }
+
+    /// A refused statement is a schema problem: a missing keyspace is told apart from a missing
+    /// or different table by asking the schema tables (the node's message is not an interface).
+    /// Without `initialize` (the CLI, a host's read-only table value) this is where a missing
+    /// keyspace shows.
+    async fn keyspace_missing(&self, e: MembershipError) -> MembershipError {
+        if !matches!(e, MembershipError::SchemaMismatch { .. }) {
+            return e;
+        }
+        match self.keyspace_exists().await {
+            Ok(false) => MembershipError::KeyspaceMissing {
+                keyspace: self.options().keyspace.clone(),
+            },
+            // Present, or unknown: the mismatch as it was found.
+            Ok(true) | Err(_) => e,
+        }
     }
 
     /// Names the configured user in an access failure (the driver's errors do not know it).
@@ -339,9 +371,18 @@ impl CassandraMembershipTable {
     }
 
     /// Runs one operation of the [`MembershipTable`] impl: its error names the configured user
-    /// in an access failure (see [`Self::named`]).
-    async fn answer<T>(&self, operation: impl Future<Output = Result<T>>) -> Result<T> {
-        operation.await.map_err(|e| self.named(e))
+    /// in an access failure (see [`Self::named`]); its outcome and latency are recorded under
+    /// `name` (`crate::observe`).
+    async fn answer<T: Applied>(
+        &self,
+        name: &'static str,
+        operation: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        // Measured first: naming the user does not change an error's kind, only its text.
+        self.metrics
+            .measure(name, operation)
+            .await
+            .map_err(|e| self.named(e))
     }
 
     fn pk(&self) -> Pk<'_> {
@@ -362,6 +403,10 @@ impl MembershipTable for CassandraMembershipTable {
         &self.cluster_id
     }
 
+    fn service_id(&self) -> &str {
+        &self.shared.options.service_id
+    }
+
     /// `cassandra:keyspace.table/service/cluster` (the contact points are not part of it).
     fn identity(&self) -> String {
         format!(
@@ -372,23 +417,30 @@ impl MembershipTable for CassandraMembershipTable {
         )
     }
 
+    /// `options().membership`.
+    fn membership_options(&self) -> &MembershipOptions {
+        &self.shared.options.membership
+    }
+
     fn storage_expiry(&self) -> StorageExpiry {
         self.expiry()
     }
 
     #[instrument(level = "info", skip(self), fields(table = %self.shared.qualified, cluster = %self.cluster_id))]
     async fn initialize(&self, try_init_version: bool) -> Result<()> {
-        self.answer(self.initialize_cluster(try_init_version)).await
+        self.answer("initialize", self.initialize_cluster(try_init_version))
+            .await
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, rows))]
     async fn read_all(&self) -> Result<MembershipSnapshot> {
-        self.answer(self.read_snapshot()).await
+        self.answer("read_all", self.read_snapshot()).await
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, silo = %address))]
     async fn read_row(&self, address: &SiloAddress) -> Result<MembershipSnapshot> {
-        self.answer(self.read_row_snapshot(address)).await
+        self.answer("read_row", self.read_row_snapshot(address))
+            .await
     }
 
     #[instrument(level = "debug", skip(self, entry), fields(cluster = %self.cluster_id, silo = %entry.address, version = new_version.version, applied))]
@@ -398,8 +450,9 @@ impl MembershipTable for CassandraMembershipTable {
         new_version: &TableVersion,
     ) -> Result<bool> {
         // An insert is the same conditional write as an update, expecting no row etag.
-        self.answer(self.write_entry("insert_row", entry, Some(&ETag::absent()), new_version))
-            .await
+        let absent = ETag::absent();
+        let write = self.write_entry("insert_row", entry, Some(&absent), new_version);
+        self.answer("insert_row", write).await
     }
 
     #[instrument(level = "debug", skip(self, entry), fields(cluster = %self.cluster_id, silo = %entry.address, version = new_version.version, applied))]
@@ -409,11 +462,14 @@ impl MembershipTable for CassandraMembershipTable {
         row_etag: &ETag,
         new_version: &TableVersion,
     ) -> Result<bool> {
-        if row_etag.is_absent() {
-            return Ok(false); // an update needs the row's tag; only inserts expect none
-        }
-        self.answer(self.write_entry("update_row", entry, Some(row_etag), new_version))
-            .await
+        let write = async {
+            if row_etag.is_absent() {
+                return Ok(false); // an update needs the row's tag; only inserts expect none
+            }
+            self.write_entry("update_row", entry, Some(row_etag), new_version)
+                .await
+        };
+        self.answer("update_row", write).await
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id, silo = %address, outcome))]
@@ -422,17 +478,21 @@ impl MembershipTable for CassandraMembershipTable {
         address: &SiloAddress,
         time: Timestamp,
     ) -> Result<HeartbeatOutcome> {
-        self.answer(self.heartbeat(address, time)).await
+        self.answer("update_i_am_alive", self.heartbeat(address, time))
+            .await
     }
 
     #[instrument(level = "info", skip(self), fields(cluster = %self.cluster_id, removed))]
     async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize> {
-        self.answer(self.cleanup(before)).await
+        let removed = self.answer("cleanup_defunct", self.cleanup(before)).await?;
+        self.metrics.removed(removed);
+        Ok(removed)
     }
 
     #[instrument(level = "info", skip(self), fields(service = %self.service_id()))]
     async fn delete_cluster(&self, cluster_id: &str) -> Result<()> {
-        self.answer(self.delete_partition(cluster_id)).await
+        self.answer("delete_cluster", self.delete_partition(cluster_id))
+            .await
     }
 }
 

@@ -67,7 +67,24 @@ impl fmt::Debug for Credentials {
 
 /// Options of [`crate::CassandraMembershipTable`].
 ///
-/// Every field has a documented default; durations are human-readable (`"10s"`, `"7d"`).
+/// Every field but `service_id` and `cluster_id` has a documented default; those two have
+/// none, and [`validate`](Self::validate) (run by `connect`) names the one that is missing.
+/// Durations are human-readable (`"10s"`, `"7d"`). In code, start from `default()` and name
+/// each identity:
+///
+/// ```
+/// use cassandra_membership::CassandraClusteringOptions;
+/// let o = CassandraClusteringOptions::default()
+///     .keyspace("orleans")
+///     .service_id("shop")
+///     .cluster_id("blue")
+///     .contact_points(["10.0.0.5:9042"]);
+/// o.validate().unwrap();
+/// let unset = CassandraClusteringOptions::default().keyspace("orleans").service_id("shop");
+/// assert!(unset.validate().unwrap_err().to_string().contains("cluster_id: not set"));
+/// ```
+///
+/// From a config file:
 ///
 /// ```
 /// use cassandra_membership::CassandraClusteringOptions;
@@ -97,9 +114,11 @@ pub struct CassandraClusteringOptions {
     pub create_keyspace_with_replication: Option<BTreeMap<String, String>>,
     /// The table. Default `"membership"`. Same rules as `keyspace`.
     pub table: String,
-    /// The Orleans ServiceId. Default `"default"`. Any non-empty text.
+    /// The Orleans ServiceId. **No default**: [`validate`](Self::validate) fails until it is
+    /// set (a process that forgot it must not join another's cluster). Any non-empty text.
     pub service_id: String,
-    /// The Orleans ClusterId. Default `"default"`. Any non-empty text.
+    /// The Orleans ClusterId. **No default**: [`validate`](Self::validate) fails until it is
+    /// set. Any non-empty text.
     pub cluster_id: String,
     /// Consistency levels. Default [`ConsistencyProfile::Quorum`].
     pub consistency: ConsistencyProfile,
@@ -158,8 +177,9 @@ impl Default for CassandraClusteringOptions {
             keyspace: "orleans".into(),
             create_keyspace_with_replication: None,
             table: "membership".into(),
-            service_id: "default".into(),
-            cluster_id: "default".into(),
+            // Unset: `validate` names the missing field.
+            service_id: String::new(),
+            cluster_id: String::new(),
             consistency: ConsistencyProfile::Quorum,
             local_datacenter: None,
             request_timeout: Duration::from_secs(10),
@@ -181,20 +201,6 @@ impl Default for CassandraClusteringOptions {
 const MIN_TTL_HEARTBEAT_PERIODS: u32 = 4;
 
 impl CassandraClusteringOptions {
-    /// Options for `cluster_id` of `service_id` in `keyspace`, everything else default.
-    pub fn new(
-        keyspace: impl Into<String>,
-        service_id: impl Into<String>,
-        cluster_id: impl Into<String>,
-    ) -> Self {
-        CassandraClusteringOptions {
-            keyspace: keyspace.into(),
-            service_id: service_id.into(),
-            cluster_id: cluster_id.into(),
-            ..Default::default()
-        }
-    }
-
     /// Sets the contact points.
     pub fn contact_points<S: Into<String>>(mut self, points: impl IntoIterator<Item = S>) -> Self {
         self.contact_points = points.into_iter().map(Into::into).collect();
@@ -358,8 +364,8 @@ impl CassandraClusteringOptions {
         })?;
         validate_identifier("keyspace", &self.keyspace)?;
         validate_identifier("table", &self.table)?;
-        validate_value("service_id", &self.service_id)?;
-        validate_value("cluster_id", &self.cluster_id)?;
+        validate_identity("service_id", &self.service_id)?;
+        validate_identity("cluster_id", &self.cluster_id)?;
         if self.contact_points.is_empty() {
             return Err(MembershipError::config(
                 "contact_points",
@@ -525,6 +531,20 @@ pub(crate) fn validate_identifier(option: &str, name: &str) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The service id and the cluster id: set, with no default to fall back on.
+fn validate_identity(option: &str, value: &str) -> Result<()> {
+    if value.is_empty() {
+        return Err(MembershipError::config(
+            option,
+            format!(
+                "not set: there is no default, every process names its cluster \
+                 (`{option} = \"...\"` in a config file, `.{option}(..)` in code)"
+            ),
+        ));
+    }
+    validate_value(option, value)
 }
 
 pub(crate) fn validate_value(option: &str, value: &str) -> Result<()> {

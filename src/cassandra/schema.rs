@@ -56,12 +56,16 @@ impl CassandraMembershipTable {
     async fn initialize_once(&self, try_init_version: bool) -> Result<()> {
         self.ensure_schema().await?;
         // Another silo may have just created the table: its schema can be listed a moment before
-        // the node serves it, so preparing is retried for a short while.
+        // the node serves it, so preparing is retried for a short while. (The keyspace was
+        // there a moment ago: a node that says it is missing has not applied it yet.)
         let mut attempt = 0;
         let st = loop {
             match self.statements().await {
                 Ok(st) => break st,
-                Err(MembershipError::SchemaMismatch { .. }) if attempt < 40 => {
+                Err(
+                    MembershipError::SchemaMismatch { .. }
+                    | MembershipError::KeyspaceMissing { .. },
+                ) if attempt < 40 => {
                     attempt += 1;
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }
@@ -115,13 +119,8 @@ impl CassandraMembershipTable {
             self.await_schema_agreement().await?;
         }
         if !self.keyspace_exists_settled().await? {
-            return Err(MembershipError::SchemaMismatch {
-                table: self.shared.qualified.clone(),
-                detail: format!(
-                    "keyspace {:?} does not exist: create it with the replication your cluster needs \
-                     (the provider does not choose one), or for development set create_keyspace_with_replication",
-                    o.keyspace
-                ),
+            return Err(MembershipError::KeyspaceMissing {
+                keyspace: o.keyspace.clone(),
             });
         }
         self.check_local_datacenter().await?;
@@ -237,7 +236,7 @@ impl CassandraMembershipTable {
         }
     }
 
-    async fn keyspace_exists(&self) -> Result<bool> {
+    pub(super) async fn keyspace_exists(&self) -> Result<bool> {
         let rows = self
             .read_system_schema(
                 "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",

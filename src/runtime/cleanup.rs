@@ -13,7 +13,6 @@ use tracing::{info, warn};
 use crate::clock::{Clock, scale};
 use crate::error::{MembershipError, Result};
 use crate::options::MembershipOptions;
-use crate::runtime::observe;
 use crate::runtime::protocol::bounded;
 use crate::table::MembershipTable;
 
@@ -176,7 +175,6 @@ impl DefunctCleanup {
                 match outcome {
                     Ok(n) => {
                         total += n as u64;
-                        observe::cleaned(n);
                         if n > 0 {
                             info!(
                                 cluster = table.cluster_id(),

@@ -17,7 +17,7 @@ use crate::error::MembershipError;
 use crate::model::{SiloAddress, SiloStatus, Timestamp};
 use crate::options::MembershipOptions;
 use crate::runtime::health::SiloHealth;
-use crate::runtime::observe;
+use crate::runtime::observe::{HealthChange, SiloMetrics};
 use crate::runtime::planner::HeartbeatPlanner;
 use crate::runtime::protocol::{bounded, deadline_after, instant_after};
 use crate::table::MembershipTable;
@@ -32,21 +32,33 @@ pub(crate) struct Joined {
     pub(crate) start_time: Timestamp,
 }
 
+/// The sender of a silo's health watch, with the series its changes are recorded in.
+#[derive(Debug)]
+struct HealthSender {
+    tx: watch::Sender<SiloHealth>,
+    metrics: SiloMetrics,
+}
+
 /// Sends `health` unless the current state is final (final states stick) or unchanged.
-fn publish(tx: &watch::Sender<SiloHealth>, health: SiloHealth) {
-    tx.send_if_modified(|current| {
+fn publish(sender: &HealthSender, health: SiloHealth) {
+    let mut change = None;
+    sender.tx.send_if_modified(|current| {
         if current.is_final() || *current == health {
             return false;
         }
+        change = Some(HealthChange::between(current, &health));
         *current = health;
         true
     });
+    if let Some(change) = change {
+        sender.metrics.health_changed(change);
+    }
 }
 
 /// Hands what the failure detector read of this silo's own row to the heartbeat.
 #[derive(Clone, Debug)]
 pub(crate) struct OwnEntryReport {
-    health: Arc<watch::Sender<SiloHealth>>,
+    health: Arc<HealthSender>,
     unknown: Arc<watch::Sender<bool>>,
 }
 
@@ -77,7 +89,7 @@ impl OwnEntryReport {
 #[derive(Debug)]
 pub(crate) struct Heartbeat {
     health: watch::Receiver<SiloHealth>,
-    health_tx: Arc<watch::Sender<SiloHealth>>,
+    health_tx: Arc<HealthSender>,
     unknown_tx: Arc<watch::Sender<bool>>,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
@@ -92,8 +104,12 @@ impl Heartbeat {
         options: &MembershipOptions,
         clock: Arc<dyn Clock>,
     ) -> Heartbeat {
-        let (health_tx, health) = watch::channel(SiloHealth::Starting);
-        let health_tx = Arc::new(health_tx);
+        let (tx, health) = watch::channel(SiloHealth::Starting);
+        let metrics = SiloMetrics::new(table.as_ref(), &joined.address);
+        let health_tx = Arc::new(HealthSender {
+            tx,
+            metrics: metrics.clone(),
+        });
         let (unknown_tx, unknown) = watch::channel(false);
         let unknown_tx = Arc::new(unknown_tx);
         let (stop, stop_rx) = watch::channel(false);
@@ -109,7 +125,8 @@ impl Heartbeat {
                 .with_published_wall(joined.published_wall),
             announced: None,
             health: Arc::clone(&health_tx),
-            final_rx: health_tx.subscribe(),
+            final_rx: health_tx.tx.subscribe(),
+            metrics,
             unknown,
             _keep_unknown: Arc::clone(&unknown_tx),
             stop: stop_rx,
@@ -175,8 +192,9 @@ struct HeartbeatTask {
     planner: HeartbeatPlanner,
     /// The fence horizon already announced, so it is announced once.
     announced: Option<Duration>,
-    health: Arc<watch::Sender<SiloHealth>>,
+    health: Arc<HealthSender>,
     final_rx: watch::Receiver<SiloHealth>,
+    metrics: SiloMetrics,
     unknown: watch::Receiver<bool>,
     /// Held so `unknown` never closes (a closed watch would wake the task in a loop).
     _keep_unknown: Arc<watch::Sender<bool>>,
@@ -233,7 +251,7 @@ impl HeartbeatTask {
                 .planner
                 .shown(self.mono(), false, *self.unknown.borrow());
         }
-        observe::heartbeat(&health, self.clock.now());
+        self.metrics.heartbeat(&health, self.clock.now());
         self.log(&health);
         Some(health)
     }
@@ -353,8 +371,13 @@ mod tests {
     #[test]
     fn final_states_stick() {
         let (tx, rx) = watch::channel(SiloHealth::Starting);
+        let table = crate::InMemoryMembershipTable::new("c");
+        let silo = "10.0.0.1:1@1".parse().unwrap();
         let report = OwnEntryReport {
-            health: Arc::new(tx),
+            health: Arc::new(HealthSender {
+                tx,
+                metrics: SiloMetrics::new(&table, &silo),
+            }),
             unknown: Arc::new(watch::channel(false).0),
         };
         report.own_entry(Some(SiloStatus::Active));

@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 use crate::error::{MembershipError, Result};
 use crate::model::{MembershipEntry, SiloAddress, SiloStatus, SuspectTime, Timestamp};
 use crate::options::MembershipOptions;
-use crate::runtime::observe;
+use crate::runtime::observe::{self, Step};
 use crate::table::MembershipTable;
 
 /// How long the protocol steps may take: each table call, and each step as a whole.
@@ -186,7 +186,7 @@ pub(crate) async fn join_until(
                 info!(cluster = table.cluster_id(), silo = %entry.address, status = ?entry.status, rounds = rounds.round + 1, "joined");
                 return Ok(());
             }
-            Ok(false) => observe::conflict(),
+            Ok(false) => observe::conflict(table, Step::Join),
             Err(e) => {
                 let e = rounds.retry(e)?;
                 maybe_inserted |= matches!(e, MembershipError::OutcomeUnknown { .. });
@@ -276,7 +276,7 @@ pub(crate) async fn set_status_until(
                 }
                 return Ok(done);
             }
-            Ok(None) => observe::conflict(),
+            Ok(None) => observe::conflict(table, Step::Status),
             // An unknown outcome is resolved by the next round's read: a write that applied
             // shows as the new status (written again, harmlessly) or as Dead.
             Err(e) => {
@@ -441,7 +441,7 @@ pub(crate) async fn detection_round_reporting(
                 debug!(cluster = table.cluster_id(), silo = %e.address, by = %me, "suspected");
             }
         } else {
-            observe::conflict();
+            observe::conflict(table, Step::Vote);
         }
     }
     Ok(DetectionRound {

@@ -20,13 +20,15 @@ use crate::table::MembershipTable;
 
 /// One silo's membership in a cluster.
 ///
+/// The membership options (publish period, votes, cleanup, timeouts) are the table's
+/// ([`MembershipTable::membership_options`]): one source, the one the backend also uses.
+///
 /// ```
 /// use std::sync::Arc;
-/// use cassandra_membership::{InMemoryMembershipTable, MembershipEntry, MembershipOptions, Silo, SiloStatus, Timestamp};
+/// use cassandra_membership::{InMemoryMembershipTable, Silo, SiloStatus};
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// let table = Arc::new(InMemoryMembershipTable::new("my-cluster"));
-/// let me = MembershipEntry::new("10.0.0.1:11111@1".parse()?, SiloStatus::Joining, Timestamp::now());
-/// let silo = Silo::join(table.clone(), me, MembershipOptions::default()).await?;
+/// let silo = Silo::join(table.clone(), "10.0.0.1:11111@1".parse()?).await?;
 /// let mut health = silo.health();          // watch this to fence the host when it turns final
 /// assert_eq!(silo.entry_status().await?, Some(SiloStatus::Active));
 /// silo.leave().await?;                     // ShuttingDown → Dead through the protocol
@@ -44,43 +46,130 @@ pub struct Silo {
     limits: ProtocolLimits,
 }
 
-impl Silo {
-    /// Joins the cluster on the system clock: see [`Silo::join_with_clock`].
-    pub async fn join(
-        table: Arc<dyn MembershipTable>,
-        entry: MembershipEntry,
-        options: MembershipOptions,
-    ) -> Result<Silo> {
-        Self::join_with_clock(table, entry, options, Arc::new(SystemClock)).await
+/// What a silo's entry says about it besides its address, and the clock it runs on: built by
+/// [`Silo::builder`], ended by [`SiloBuilder::join`].
+///
+/// ```
+/// use std::sync::Arc;
+/// use cassandra_membership::{InMemoryMembershipTable, MembershipTable, Silo};
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let table = Arc::new(InMemoryMembershipTable::new("my-cluster"));
+/// let address = "10.0.0.1:11111@1".parse()?;
+/// let silo = Silo::builder(table.clone(), address)
+///     .silo_name("silo-1")
+///     .host_name("host-a")
+///     .proxy_port(30000)
+///     .role_name("frontend")
+///     .fault_zone(2)
+///     .join()
+///     .await?;
+/// let entry = &table.read_row(&address).await?.rows[0].entry;
+/// assert_eq!((entry.silo_name.as_str(), entry.proxy_port), ("silo-1", 30000));
+/// silo.leave().await?;
+/// # Ok::<(), cassandra_membership::MembershipError>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `join` is awaited"]
+pub struct SiloBuilder {
+    table: Arc<dyn MembershipTable>,
+    entry: MembershipEntry,
+    clock: Arc<dyn Clock>,
+}
+
+impl SiloBuilder {
+    /// The silo's name (default empty).
+    pub fn silo_name(mut self, name: impl Into<String>) -> Self {
+        self.entry.silo_name = name.into();
+        self
     }
 
-    /// Validates the options and registers the defunct cleanup (unless storage expiry covers
-    /// it) before anything is written; then initializes the table, inserts `entry` as Joining,
-    /// moves it to Active, and starts the heartbeat and the failure detector (every publish
-    /// period; it also watches this silo's own row). Conflicts, reads that give up and calls
-    /// that time out are retried with jittered backoff; the whole join, calls in flight
-    /// included, ends by `max_join_attempt_time`. A join that fails after its insert may have
-    /// applied marks the entry Dead in the background (best effort). Cancelling the returned
-    /// future (dropping it) skips that: an entry it inserted stays Joining until defunct
-    /// cleanup or storage expiry removes it.
-    pub async fn join_with_clock(
-        table: Arc<dyn MembershipTable>,
-        entry: MembershipEntry,
-        options: MembershipOptions,
-        clock: Arc<dyn Clock>,
-    ) -> Result<Silo> {
+    /// The host's name (default empty).
+    pub fn host_name(mut self, name: impl Into<String>) -> Self {
+        self.entry.host_name = name.into();
+        self
+    }
+
+    /// The gateway (proxy) port clients connect to (default 0: none).
+    pub fn proxy_port(mut self, port: u16) -> Self {
+        self.entry.proxy_port = port;
+        self
+    }
+
+    /// The silo's role name (default empty).
+    pub fn role_name(mut self, name: impl Into<String>) -> Self {
+        self.entry.role_name = name.into();
+        self
+    }
+
+    /// The update zone (default 0).
+    pub fn update_zone(mut self, zone: i32) -> Self {
+        self.entry.update_zone = zone;
+        self
+    }
+
+    /// The fault zone (default 0).
+    pub fn fault_zone(mut self, zone: i32) -> Self {
+        self.entry.fault_zone = zone;
+        self
+    }
+
+    /// The clock the silo reads its times from (default [`SystemClock`]); tests pass a
+    /// [`TokioClock`](crate::TokioClock) under paused time or a [`ManualClock`](crate::ManualClock).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Validates the table's membership options and registers the defunct cleanup (unless
+    /// storage expiry covers it) before anything is written; then initializes the table,
+    /// inserts the entry as Joining (its start and I-am-alive times the clock's now), moves it
+    /// to Active, and starts the heartbeat and the failure detector (every publish period; it
+    /// also watches this silo's own row). Conflicts, reads that give up and calls that time
+    /// out are retried with jittered backoff; the whole join, calls in flight included, ends
+    /// by `max_join_attempt_time`. A join that fails after its insert may have applied marks
+    /// the entry Dead in the background (best effort). Cancelling the returned future
+    /// (dropping it) skips that: an entry it inserted stays Joining until defunct cleanup or
+    /// storage expiry removes it.
+    pub async fn join(self) -> Result<Silo> {
+        let SiloBuilder {
+            table,
+            mut entry,
+            clock,
+        } = self;
+        let options = table.membership_options().clone();
         options.validate()?;
+        entry.start_time = clock.now();
         // Not started when disabled or when storage expiry covers it (see CleanupNotStarted).
         let cleanup = DefunctCleanup::spawn(Arc::clone(&table), &options, Arc::clone(&clock))?.ok();
         let limits = ProtocolLimits::from_options(&options);
-        match Self::enter(&table, entry, &clock, &limits).await {
-            Ok(joined) => Ok(Self::start(table, joined, options, clock, cleanup, limits)),
+        match Silo::enter(&table, entry, &clock, &limits).await {
+            Ok(joined) => Ok(Silo::start(table, joined, options, clock, cleanup, limits)),
             Err(e) => {
                 if let Some(c) = cleanup {
                     c.stop().await;
                 }
                 Err(e)
             }
+        }
+    }
+}
+
+impl Silo {
+    /// Joins the cluster as `address`, with the table's membership options, on the system
+    /// clock and with an entry whose names are empty, ports and zones 0: see
+    /// [`SiloBuilder::join`]. [`Silo::builder`] sets those.
+    pub async fn join(table: Arc<dyn MembershipTable>, address: SiloAddress) -> Result<Silo> {
+        Self::builder(table, address).join().await
+    }
+
+    /// A join as `address` whose entry's names, port, zones and clock the builder sets.
+    pub fn builder(table: Arc<dyn MembershipTable>, address: SiloAddress) -> SiloBuilder {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        SiloBuilder {
+            table,
+            entry: MembershipEntry::new(address, SiloStatus::Joining, clock.now()),
+            clock,
         }
     }
 
@@ -97,8 +186,9 @@ impl Silo {
         entry.status = SiloStatus::Joining;
         entry.i_am_alive_time = clock.now();
         if let Err(e) = protocol::join_until(table.as_ref(), &entry, t, deadline).await {
-            // An insert whose outcome is unknown may have applied (best effort, as below).
-            if e.is_transient() {
+            // An insert whose outcome is unknown, or that timed out or was retried until the
+            // deadline, may have applied (best effort, as below).
+            if e.is_transient() || e.is_outcome_unknown() {
                 Self::mark_dead_in_background(table, &entry, clock, limits);
             }
             return Err(e);

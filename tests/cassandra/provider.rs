@@ -38,7 +38,10 @@ async fn fifty_tables_initialize_in_parallel_against_a_fresh_keyspace() {
     let tasks: Vec<_> = (0..50)
         .map(|i| {
             let s = Arc::clone(&s);
-            let o = CassandraClusteringOptions::new(&keyspace, "svc", format!("c{i}"))
+            let o = CassandraClusteringOptions::default()
+                .keyspace(&keyspace)
+                .service_id("svc")
+                .cluster_id(format!("c{i}"))
                 .contact_points(contact_points())
                 .create_keyspace_simple(1);
             tokio::spawn(async move {
@@ -380,7 +383,10 @@ async fn invalid_identifiers_are_rejected_before_any_statement() {
 
 #[tokio::test]
 async fn unreachable_nodes_are_reported_as_unavailable() {
-    let o = CassandraClusteringOptions::new(KEYSPACE, "svc", "c")
+    let o = CassandraClusteringOptions::default()
+        .keyspace(KEYSPACE)
+        .service_id("svc")
+        .cluster_id("c")
         .contact_points(["127.0.0.1:1"])
         .request_timeout(Duration::from_secs(1));
     match CassandraMembershipTable::connect(o).await {
@@ -583,15 +589,33 @@ async fn a_missing_keyspace_is_named_and_never_created_silently() {
     let keyspace = unique("nokeyspace").replace('-', "_")[..30].to_owned();
     let t = table_on(
         &s,
-        CassandraClusteringOptions::new(&keyspace, "svc", "c").contact_points(contact_points()),
+        CassandraClusteringOptions::default()
+            .keyspace(&keyspace)
+            .service_id("svc")
+            .cluster_id("c")
+            .contact_points(contact_points()),
     );
+    // Its own variant, not a table of another shape; the message says what to do.
     match t.initialize(true).await {
-        Err(MembershipError::SchemaMismatch { detail, .. }) => {
-            assert!(
-                detail.contains(&keyspace) && detail.contains("create_keyspace_with_replication"),
-                "{detail}"
-            )
-        }
+        Err(MembershipError::KeyspaceMissing { keyspace: named }) => assert_eq!(named, keyspace),
+        other => panic!("{other:?}"),
+    }
+    let text = t.initialize(true).await.unwrap_err().to_string();
+    assert!(
+        text.contains(&keyspace) && text.contains("create_keyspace_with_replication"),
+        "{text}"
+    );
+    // A table value that never ran `initialize` (an operator's tool, a reader) learns it from
+    // its first statement.
+    let reader = table_on(
+        &s,
+        CassandraClusteringOptions::default()
+            .keyspace(&keyspace)
+            .service_id("svc")
+            .cluster_id("c"),
+    );
+    match reader.read_all().await {
+        Err(MembershipError::KeyspaceMissing { keyspace: named }) => assert_eq!(named, keyspace),
         other => panic!("{other:?}"),
     }
     let exists = count_rows(
@@ -601,4 +625,18 @@ async fn a_missing_keyspace_is_named_and_never_created_silently() {
     )
     .await;
     assert_eq!(exists, 0);
+}
+
+/// A missing table in an existing keyspace stays a schema mismatch: only the keyspace gets
+/// its own variant.
+#[tokio::test]
+async fn a_missing_table_in_an_existing_keyspace_is_a_schema_mismatch_not_a_missing_keyspace() {
+    let s = session_with_keyspace().await;
+    let reader = table_on(&s, options(&unique("notable")).table("no_such_table_api24"));
+    match reader.read_all().await {
+        Err(MembershipError::SchemaMismatch { table, .. }) => {
+            assert!(table.contains("no_such_table_api24"), "{table}")
+        }
+        other => panic!("{other:?}"),
+    }
 }

@@ -5,8 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cassandra_membership::{
-    MembershipEntry, MembershipOptions, MembershipTable, Silo, SiloAddress, SiloHealth, SiloStatus,
-    Timestamp,
+    MembershipOptions, MembershipTable, Silo, SiloAddress, SiloHealth, SiloStatus, Timestamp,
 };
 
 use crate::utils::{options, session_with_keyspace, table_on, unique};
@@ -23,6 +22,8 @@ async fn silos_join_detect_a_crash_leave_and_the_cluster_expires() {
         .membership(m.clone());
     o.ttl_renewal_interval = Some(Duration::from_secs(1));
     let table: Arc<dyn MembershipTable> = Arc::new(table_on(&s, o));
+    // The silos run with the table's options: no second set to disagree with them.
+    assert_eq!(table.membership_options(), &m);
     let generation = (Timestamp::now().as_millis() / 1000) as i32;
     let mut silos = Vec::new();
     for n in 1..=3u16 {
@@ -31,13 +32,7 @@ async fn silos_join_detect_a_crash_leave_and_the_cluster_expires() {
             generation,
         )
         .unwrap();
-        let silo = Silo::join(
-            Arc::clone(&table),
-            MembershipEntry::new(a, SiloStatus::Joining, Timestamp::now()),
-            m.clone(),
-        )
-        .await
-        .unwrap();
+        let silo = Silo::join(Arc::clone(&table), a).await.unwrap();
         assert!(
             !silo.runs_defunct_cleanup(),
             "storage expiry covers cleanup"

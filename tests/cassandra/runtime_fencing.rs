@@ -52,13 +52,7 @@ async fn a_silo_declared_dead_by_another_table_value_learns_it_within_one_period
     let s = session_with_keyspace().await;
     let o = options(&unique("zombie")).membership(fast());
     let mine: Arc<dyn MembershipTable> = Arc::new(table_on(&s, o.clone()));
-    let silo = Silo::join(
-        Arc::clone(&mine),
-        MembershipEntry::new(address(1), SiloStatus::Joining, Timestamp::now()),
-        fast(),
-    )
-    .await
-    .unwrap();
+    let silo = Silo::join(Arc::clone(&mine), address(1)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(matches!(
         *silo.health().borrow(),
@@ -90,21 +84,10 @@ async fn a_silo_that_cannot_publish_is_told_to_fence_before_the_others_declare_i
     let o = options(&unique("fencing")).membership(fast());
     let shared: Arc<dyn MembershipTable> = Arc::new(table_on(&s, o.clone()));
     let cut = Arc::new(FaultyTable::new(Arc::new(table_on(&s, o))));
-    let a = Silo::join(
-        cut.clone(),
-        MembershipEntry::new(address(11), SiloStatus::Joining, Timestamp::now()),
-        fast(),
-    )
-    .await
-    .unwrap();
+    let a = Silo::join(cut.clone(), address(11)).await.unwrap();
     let mut others = Vec::new();
     for n in 12..=13 {
-        let entry = MembershipEntry::new(address(n), SiloStatus::Joining, Timestamp::now());
-        others.push(
-            Silo::join(Arc::clone(&shared), entry, fast())
-                .await
-                .unwrap(),
-        );
+        others.push(Silo::join(Arc::clone(&shared), address(n)).await.unwrap());
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
     cut_off(&cut, false);
@@ -228,11 +211,9 @@ async fn a_hundred_silos_joining_at_once_all_join() {
     let started = Instant::now();
     let joins: Vec<_> = (0..100u16)
         .map(|n| {
-            let (table, m) = (Arc::clone(&table), m.clone());
+            let table = Arc::clone(&table);
             tokio::spawn(async move {
-                let entry =
-                    MembershipEntry::new(address(100 + n), SiloStatus::Joining, Timestamp::now());
-                let r = Silo::join(table, entry, m).await;
+                let r = Silo::join(table, address(100 + n)).await;
                 (r, started.elapsed())
             })
         })
@@ -289,13 +270,7 @@ async fn a_fenced_silo_declared_dead_meanwhile_never_turns_healthy_when_the_node
     m.heartbeat_retry_backoff = Duration::from_millis(50);
     let o = options(&unique("zombie_return")).membership(m.clone());
     let cut = Arc::new(FaultyTable::new(Arc::new(table_on(&s, o.clone()))));
-    let silo = Silo::join(
-        cut.clone(),
-        MembershipEntry::new(address(31), SiloStatus::Joining, Timestamp::now()),
-        m,
-    )
-    .await
-    .unwrap();
+    let silo = Silo::join(cut.clone(), address(31)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let link = cut_off(&cut, true);
     let mut health = silo.health();
@@ -350,13 +325,7 @@ async fn a_vote_decided_while_a_silo_was_silent_cannot_land_after_it_was_told_he
     m.heartbeat_retry_backoff = Duration::from_millis(50);
     let o = options(&unique("late_vote")).membership(m.clone());
     let cut = Arc::new(FaultyTable::new(Arc::new(table_on(&s, o.clone()))));
-    let x = Silo::join(
-        cut.clone(),
-        MembershipEntry::new(address(41), SiloStatus::Joining, Timestamp::now()),
-        m.clone(),
-    )
-    .await
-    .unwrap();
+    let x = Silo::join(cut.clone(), address(41)).await.unwrap();
     // The detector: a silo of its own (Active, heartbeating, so X never suspects it).
     let d_table: Arc<dyn MembershipTable> = Arc::new(table_on(&s, o));
     let d = address(42);

@@ -149,7 +149,10 @@ pub(crate) fn unique(prefix: &str) -> String {
 
 /// Options for a unique cluster in the shared test table.
 pub(crate) fn options(cluster_id: &str) -> CassandraClusteringOptions {
-    let o = CassandraClusteringOptions::new(KEYSPACE, "test-service", cluster_id)
+    let o = CassandraClusteringOptions::default()
+        .keyspace(KEYSPACE)
+        .service_id("test-service")
+        .cluster_id(cluster_id)
         .contact_points(contact_points());
     match local_dc() {
         Some(dc) => o

@@ -11,7 +11,7 @@ use cassandra_membership::{
     SiloAddress, SiloStatus, Timestamp, TokioClock,
 };
 
-use crate::utils::{entry, faulty, faulty_on_paused_clock, options};
+use crate::utils::{entry, faulty, faulty_on_paused_clock_with, join, options, try_join};
 
 #[tokio::test(start_paused = true)]
 async fn defunct_cleanup_runs_once_per_period_and_only_once_per_process() {
@@ -103,24 +103,20 @@ async fn silos_on_unrelated_tables_with_the_same_cluster_id_both_join() {
     let clock = Arc::new(TokioClock::new());
     let mut o = options();
     o.defunct_silo_cleanup_period = Some(Duration::from_secs(3600));
-    let first = Arc::new(InMemoryMembershipTable::new("default").with_clock(clock.clone()));
-    let second = Arc::new(InMemoryMembershipTable::new("default").with_clock(clock.clone()));
-    let a = cassandra_membership::Silo::join_with_clock(
-        first.clone(),
-        entry(1),
-        o.clone(),
-        clock.clone(),
-    )
-    .await
-    .unwrap();
-    let b = cassandra_membership::Silo::join_with_clock(second, entry(2), o.clone(), clock.clone())
+    let unrelated = || {
+        InMemoryMembershipTable::new("default")
+            .with_clock(clock.clone())
+            .with_options(o.clone())
+    };
+    let first = Arc::new(unrelated());
+    let second = Arc::new(unrelated());
+    let a = join(first.clone(), 1, &clock).await;
+    let b = try_join(second, 2, &clock)
         .await
         .expect("an unrelated table has its own cleanup");
     assert!(a.runs_defunct_cleanup() && b.runs_defunct_cleanup());
     // The same table twice: refused, and before anything was written.
-    let refused =
-        cassandra_membership::Silo::join_with_clock(first.clone(), entry(3), o, clock.clone())
-            .await;
+    let refused = try_join(first.clone(), 3, &clock).await;
     assert!(
         matches!(refused, Err(MembershipError::InvalidConfiguration { .. })),
         "{refused:?}"
@@ -138,15 +134,12 @@ async fn silos_on_unrelated_tables_with_the_same_cluster_id_both_join() {
 /// `leave` before its ShuttingDown and Dead writes.
 #[tokio::test(start_paused = true)]
 async fn a_hung_defunct_cleanup_is_bounded_and_does_not_block_leave() {
-    let (clock, table) = faulty_on_paused_clock();
-    table.inject(Injection::hang(Operation::CleanupDefunct));
     let mut o = options();
     o.defunct_silo_cleanup_period = Some(Duration::from_secs(60));
     o.defunct_silo_cleanup_jitter = Duration::ZERO;
-    let silo =
-        cassandra_membership::Silo::join_with_clock(table.clone(), entry(1), o, clock.clone())
-            .await
-            .unwrap();
+    let (clock, table) = faulty_on_paused_clock_with(o);
+    table.inject(Injection::hang(Operation::CleanupDefunct));
+    let silo = join(table.clone(), 1, &clock).await;
     assert!(silo.runs_defunct_cleanup());
     tokio::time::sleep(Duration::from_secs(200)).await;
     let runs = table.calls(Operation::CleanupDefunct);

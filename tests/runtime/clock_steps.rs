@@ -5,29 +5,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cassandra_membership::conformance::faults::{Injection, Operation};
-use cassandra_membership::{Clock, InMemoryMembershipTable, SiloHealth, Timestamp};
+use cassandra_membership::{Clock, SiloHealth, Timestamp};
 
-use crate::utils::{entry_at, faulty, options};
+use crate::utils::{faulty, join, memory, options};
 
 /// A backward wall-clock step does not delay the fence signal.
 #[tokio::test(start_paused = true)]
 async fn a_backward_wall_clock_step_does_not_delay_the_fence_signal() {
     let clock = Arc::new(cassandra_membership::ManualClock::new(Timestamp::now()));
-    let inner = InMemoryMembershipTable::new("c")
-        .with_clock(clock.clone())
-        .with_expiry(Duration::from_secs(100));
-    let table = faulty(inner);
     let mut o = options();
     // Detection far away: only the lease (refresh by 90 s) bounds the fence.
     o.num_missed_table_i_am_alive_limit = 100;
-    let silo = cassandra_membership::Silo::join_with_clock(
-        table.clone(),
-        entry_at(1, clock.as_ref()),
-        o,
-        clock.clone(),
-    )
-    .await
-    .unwrap();
+    let inner = memory(&clock)
+        .with_expiry(Duration::from_secs(100))
+        .with_options(o);
+    let table = faulty(inner);
+    let silo = join(table.clone(), 1, &clock).await;
     let health = silo.health();
     // Wall time moves with tokio's until the first heartbeat.
     for _ in 0..10 {
@@ -64,15 +57,8 @@ async fn a_backward_wall_clock_step_does_not_delay_the_fence_signal() {
 #[tokio::test(start_paused = true)]
 async fn after_a_backward_wall_clock_step_the_fence_follows_the_stored_i_am_alive_time() {
     let clock = Arc::new(cassandra_membership::ManualClock::new(Timestamp::now()));
-    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
-    let silo = cassandra_membership::Silo::join_with_clock(
-        table.clone(),
-        entry_at(1, clock.as_ref()),
-        options(),
-        clock.clone(),
-    )
-    .await
-    .unwrap();
+    let table = faulty(memory(&clock));
+    let silo = join(table.clone(), 1, &clock).await;
     let health = silo.health();
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_millis(100)).await;

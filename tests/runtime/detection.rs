@@ -7,24 +7,17 @@ use std::time::Duration;
 
 use cassandra_membership::conformance::faults::{Injection, Operation};
 use cassandra_membership::runtime::protocol;
-use cassandra_membership::{
-    Clock, InMemoryMembershipTable, MembershipTable, SiloHealth, SiloStatus, TokioClock,
-};
+use cassandra_membership::{Clock, MembershipTable, SiloHealth, SiloStatus, TokioClock};
 
-use crate::utils::{entry, entry_at, faulty_on_paused_clock, join, options};
+use crate::utils::{entry, entry_at, faulty_on_paused_clock, join, memory, options};
 
 #[tokio::test(start_paused = true)]
 async fn a_crashed_silo_is_declared_dead_by_the_others_through_the_protocol() {
     let clock = Arc::new(TokioClock::new());
-    let table = InMemoryMembershipTable::new("c").with_clock(clock.clone());
+    let table = memory(&clock);
     let mut silos = Vec::new();
     for n in 1..=3 {
-        let t: Arc<dyn MembershipTable> = Arc::new(table.clone());
-        silos.push(
-            cassandra_membership::Silo::join_with_clock(t, entry(n), options(), clock.clone())
-                .await
-                .unwrap(),
-        );
+        silos.push(join(Arc::new(table.clone()), n, &clock).await);
     }
     let crashed = silos.pop().unwrap();
     let address = crashed.address();
@@ -53,7 +46,7 @@ async fn a_crashed_silo_is_declared_dead_by_the_others_through_the_protocol() {
 #[tokio::test(start_paused = true)]
 async fn a_silo_declared_dead_is_told_and_stops_heartbeating() {
     let clock = Arc::new(TokioClock::new());
-    let table = Arc::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let table = Arc::new(memory(&clock));
     let silo = join(table.clone(), 1, &clock).await;
     assert!(
         protocol::set_status(
@@ -85,7 +78,7 @@ async fn a_silo_declared_dead_is_told_and_stops_heartbeating() {
 #[tokio::test(start_paused = true)]
 async fn a_missing_entry_stops_the_heartbeat_without_recreating_it() {
     let clock = Arc::new(TokioClock::new());
-    let table = Arc::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let table = Arc::new(memory(&clock));
     let silo = join(table.clone(), 1, &clock).await;
     table.delete_cluster("c").await.unwrap();
     assert_eq!(
@@ -184,14 +177,7 @@ async fn a_detection_round_reports_its_own_row_even_when_a_suspect_re_read_fails
 #[tokio::test(start_paused = true)]
 async fn a_silo_whose_row_was_replaced_by_another_incarnation_learns_its_entry_is_gone() {
     let (clock, table) = faulty_on_paused_clock();
-    let silo = cassandra_membership::Silo::join_with_clock(
-        table.clone(),
-        entry_at(1, clock.as_ref()),
-        options(),
-        clock.clone(),
-    )
-    .await
-    .unwrap();
+    let silo = join(table.clone(), 1, &clock).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     table.inner().delete_cluster("c").await.unwrap();
     table.inner().initialize(true).await.unwrap();

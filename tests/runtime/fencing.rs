@@ -8,26 +8,25 @@ use std::time::Duration;
 use cassandra_membership::conformance::faults::{Injection, Operation};
 use cassandra_membership::runtime::protocol;
 use cassandra_membership::{
-    Clock, InMemoryMembershipTable, MembershipError, MembershipOptions, MembershipTable,
-    SiloHealth, SiloStatus, TokioClock,
+    Clock, MembershipError, MembershipOptions, MembershipTable, SiloHealth, SiloStatus, TokioClock,
 };
 
-use crate::utils::{entry, faulty, faulty_on_paused_clock, join, options, poll_until, record};
+use crate::utils::{
+    faulty, faulty_on_paused_clock, faulty_on_paused_clock_with, join, memory, options, poll_until,
+    record,
+};
 
 #[tokio::test(start_paused = true)]
 async fn failing_heartbeats_retry_with_backoff_and_warn_before_the_lease_lapses() {
     let clock = Arc::new(TokioClock::new());
-    let inner = InMemoryMembershipTable::new("c")
-        .with_clock(clock.clone())
-        .with_expiry(Duration::from_secs(100));
-    let table = faulty(inner);
     // Failure detection far away (100 missed periods): the lease is the first horizon here.
     let mut o = options();
     o.num_missed_table_i_am_alive_limit = 100;
-    let silo =
-        cassandra_membership::Silo::join_with_clock(table.clone(), entry(1), o, clock.clone())
-            .await
-            .unwrap();
+    let inner = memory(&clock)
+        .with_expiry(Duration::from_secs(100))
+        .with_options(o);
+    let table = faulty(inner);
+    let silo = join(table.clone(), 1, &clock).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let lease = match silo.health().borrow().clone() {
         SiloHealth::Healthy { lease } => lease,
@@ -69,7 +68,7 @@ async fn failing_heartbeats_retry_with_backoff_and_warn_before_the_lease_lapses(
 /// the moment A's heartbeats started failing.
 async fn fence_and_death(ttl: Option<Duration>) -> (Option<Duration>, Option<Duration>) {
     let clock = Arc::new(TokioClock::new());
-    let mut inner = InMemoryMembershipTable::new("c").with_clock(clock.clone());
+    let mut inner = memory(&clock);
     if let Some(ttl) = ttl {
         inner = inner.with_expiry(ttl);
     }
@@ -260,19 +259,16 @@ async fn the_fence_counts_from_the_i_am_alive_time_the_join_stored() {
 /// (period + jitter) and slow (but successful) calls; settings that leave no margin are refused.
 #[tokio::test(start_paused = true)]
 async fn a_healthy_silo_with_slow_calls_and_wide_jitter_is_never_fenced() {
-    let (clock, table) = faulty_on_paused_clock();
-    table.inject(Injection::delay(
-        Operation::UpdateIAmAlive,
-        Duration::from_millis(900),
-    ));
     let mut o = options();
     o.num_missed_table_i_am_alive_limit = 2;
     o.i_am_alive_jitter_percent = 50;
     o.table_operation_timeout = Some(Duration::from_secs(1));
-    let silo =
-        cassandra_membership::Silo::join_with_clock(table.clone(), entry(1), o, clock.clone())
-            .await
-            .unwrap();
+    let (clock, table) = faulty_on_paused_clock_with(o);
+    table.inject(Injection::delay(
+        Operation::UpdateIAmAlive,
+        Duration::from_millis(900),
+    ));
+    let silo = join(table.clone(), 1, &clock).await;
     let seen = record(&silo);
     tokio::time::sleep(Duration::from_secs(1200)).await;
     let seen = seen.lock().unwrap().clone();

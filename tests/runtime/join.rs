@@ -7,11 +7,12 @@ use std::time::Duration;
 use cassandra_membership::conformance::faults::{Injection, Operation};
 use cassandra_membership::runtime::protocol;
 use cassandra_membership::{
-    Clock, InMemoryMembershipTable, MembershipError, MembershipTable, SiloHealth, SiloStatus,
-    Timestamp, TokioClock,
+    Clock, MembershipError, MembershipTable, SiloHealth, SiloStatus, Timestamp, TokioClock,
 };
 
-use crate::utils::{entry, faulty_on_paused_clock, join, options};
+use crate::utils::{
+    address, entry, faulty, faulty_on_paused_clock, join, memory, options, try_join,
+};
 
 #[tokio::test(start_paused = true)]
 async fn a_silo_joins_active_and_heartbeats_every_period_within_jitter() {
@@ -37,11 +38,7 @@ async fn a_silo_joins_active_and_heartbeats_every_period_within_jitter() {
 async fn a_join_whose_table_call_hangs_returns_an_error_by_the_join_deadline() {
     let (clock, table) = faulty_on_paused_clock();
     table.inject(Injection::hang(Operation::InsertRow));
-    let joined = tokio::time::timeout(
-        Duration::from_secs(3600),
-        cassandra_membership::Silo::join_with_clock(table, entry(1), options(), clock.clone()),
-    )
-    .await;
+    let joined = tokio::time::timeout(Duration::from_secs(3600), try_join(table, 1, &clock)).await;
     match joined {
         Ok(Err(_)) => {}
         Ok(Ok(_)) => panic!("joined through a hung insert"),
@@ -55,14 +52,9 @@ async fn join_retries_reads_that_give_up_under_contention() {
     let (clock, table) = faulty_on_paused_clock();
     table.inject(Injection::contention(Operation::ReadAll).times(20));
     let row_reads = table.inject(Injection::timeout(Operation::ReadRow, "injected").times(20));
-    let silo = cassandra_membership::Silo::join_with_clock(
-        table.clone(),
-        entry(1),
-        options(),
-        clock.clone(),
-    )
-    .await
-    .expect("joins once the reads succeed");
+    let silo = try_join(table.clone(), 1, &clock)
+        .await
+        .expect("joins once the reads succeed");
     assert_eq!(table.remaining(row_reads), 0);
     silo.leave().await.unwrap();
 }
@@ -74,13 +66,7 @@ async fn a_join_whose_own_row_cannot_be_read_fails_at_once() {
     let (clock, table) = faulty_on_paused_clock();
     table.damage_row(entry(1).address);
     let started = tokio::time::Instant::now();
-    let joined = cassandra_membership::Silo::join_with_clock(
-        table.clone(),
-        entry(1),
-        options(),
-        clock.clone(),
-    )
-    .await;
+    let joined = try_join(table.clone(), 1, &clock).await;
     assert!(
         matches!(joined, Err(MembershipError::CorruptData { .. })),
         "{joined:?}"
@@ -94,13 +80,7 @@ async fn a_join_whose_own_row_cannot_be_read_fails_at_once() {
 async fn a_join_whose_row_was_declared_dead_before_it_turned_active_fails() {
     let (clock, table) = faulty_on_paused_clock();
     table.declare_dead_after_next_insert();
-    let joined = cassandra_membership::Silo::join_with_clock(
-        table.clone(),
-        entry(1),
-        options(),
-        clock.clone(),
-    )
-    .await;
+    let joined = try_join(table.clone(), 1, &clock).await;
     assert!(joined.is_err(), "joined as a Dead entry: {joined:?}");
 }
 
@@ -114,12 +94,9 @@ async fn a_join_returns_within_max_join_attempt_time_however_its_steps_fail() {
         Duration::from_secs(240),
     ));
     table.inject(Injection::hang(Operation::UpdateRow));
-    let o = options();
-    let limit = o.max_join_attempt_time;
+    let limit = table.membership_options().max_join_attempt_time;
     let start = tokio::time::Instant::now();
-    let joined =
-        cassandra_membership::Silo::join_with_clock(table.clone(), entry(1), o, clock.clone())
-            .await;
+    let joined = try_join(table.clone(), 1, &clock).await;
     let took = start.elapsed();
     assert!(joined.is_err(), "{joined:?}");
     assert!(
@@ -132,19 +109,17 @@ async fn a_join_returns_within_max_join_attempt_time_however_its_steps_fail() {
 #[tokio::test(start_paused = true)]
 async fn a_join_with_an_unbounded_attempt_time_joins() {
     let clock = Arc::new(TokioClock::new());
-    let table = Arc::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
     let mut o = options();
     o.max_join_attempt_time = Duration::MAX;
-    let silo = cassandra_membership::Silo::join_with_clock(table, entry(1), o, clock.clone())
-        .await
-        .unwrap();
+    let table = Arc::new(memory(&clock).with_options(o));
+    let silo = join(table, 1, &clock).await;
     silo.leave().await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
 async fn graceful_leave_retries_version_conflicts_and_ends_dead() {
     let clock = Arc::new(TokioClock::new());
-    let table = Arc::new(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let table = Arc::new(memory(&clock));
     let silo = join(table.clone(), 1, &clock).await;
     let address = silo.address();
     // Another silo keeps moving the version while this one leaves.
@@ -173,4 +148,80 @@ async fn graceful_leave_retries_version_conflicts_and_ends_dead() {
         table.read_row(&address).await.unwrap().rows[0].entry.status,
         SiloStatus::Dead
     );
+}
+
+/// One source of options: the silo runs with the table's. Two tables with different publish
+/// periods heartbeat at their own period, each silo told nothing but its address.
+#[tokio::test(start_paused = true)]
+async fn a_silo_heartbeats_at_its_table_s_publish_period() {
+    let clock = Arc::new(TokioClock::new());
+    let mut fast = options();
+    fast.i_am_alive_table_publish_timeout = Duration::from_secs(2);
+    fast.i_am_alive_jitter_percent = 0;
+    let mut slow = fast.clone();
+    slow.i_am_alive_table_publish_timeout = Duration::from_secs(20);
+    let fast_table = faulty(memory(&clock).with_options(fast));
+    let slow_table = faulty(memory(&clock).for_cluster("other").with_options(slow));
+    let a = join(fast_table.clone(), 1, &clock).await;
+    let b = join(slow_table.clone(), 2, &clock).await;
+    tokio::time::sleep(Duration::from_secs(100)).await;
+    // First heartbeat at once, then one per period: 51 at 2 s, 6 at 20 s.
+    let (fast_beats, slow_beats) = (
+        fast_table.calls(Operation::UpdateIAmAlive),
+        slow_table.calls(Operation::UpdateIAmAlive),
+    );
+    assert!((50..=52).contains(&fast_beats), "{fast_beats} at 2 s");
+    assert!((5..=7).contains(&slow_beats), "{slow_beats} at 20 s");
+    a.leave().await.unwrap();
+    b.leave().await.unwrap();
+}
+
+/// The table's options are checked before anything is written.
+#[tokio::test(start_paused = true)]
+async fn a_join_on_a_table_with_invalid_options_fails_naming_the_option_and_writes_nothing() {
+    let clock = Arc::new(TokioClock::new());
+    let table = Arc::new(memory(&clock).with_options(options().num_votes_for_death_declaration(0)));
+    match try_join(table.clone(), 1, &clock).await {
+        Err(MembershipError::InvalidConfiguration { option, .. }) => {
+            assert_eq!(option, "num_votes_for_death_declaration")
+        }
+        other => panic!("{other:?}"),
+    }
+    let s = table.read_all().await.unwrap();
+    assert!(s.rows.is_empty() && s.version.version == 0, "{s:?}");
+}
+
+/// What the builder sets is what the entry holds; its times are the clock's.
+#[tokio::test(start_paused = true)]
+async fn the_builder_s_names_ports_and_zones_are_stored_and_its_clock_stamps_the_entry() {
+    let clock = Arc::new(cassandra_membership::ManualClock::new(
+        Timestamp::from_millis(1_700_000_000_000),
+    ));
+    let table = Arc::new(memory(&clock));
+    let silo = cassandra_membership::Silo::builder(table.clone(), address(7))
+        .silo_name("silo-7")
+        .host_name("host-a")
+        .proxy_port(30007)
+        .role_name("frontend")
+        .update_zone(3)
+        .fault_zone(4)
+        .clock(clock.clone())
+        .join()
+        .await
+        .unwrap();
+    let e = table.read_row(&address(7)).await.unwrap().rows[0]
+        .entry
+        .clone();
+    assert_eq!(e.status, SiloStatus::Active);
+    assert_eq!(
+        (
+            e.silo_name.as_str(),
+            e.host_name.as_str(),
+            e.role_name.as_str()
+        ),
+        ("silo-7", "host-a", "frontend")
+    );
+    assert_eq!((e.proxy_port, e.update_zone, e.fault_zone), (30007, 3, 4));
+    assert_eq!(e.start_time, Timestamp::from_millis(1_700_000_000_000));
+    silo.leave().await.unwrap();
 }

@@ -1,6 +1,6 @@
-//! What the runtime tests share: options with a 10 s publish period and no cleanup, entries
-//! 10.0.0.n:11111@1, joining on a clock, a fault-injecting in-memory table, polling and recording
-//! a silo's health.
+//! What the runtime tests share: options with a 10 s publish period and no cleanup (the tables'
+//! options), entries 10.0.0.n:11111@1, joining on a clock, a fault-injecting in-memory table,
+//! polling and recording a silo's health.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,19 +18,33 @@ pub(crate) fn options() -> MembershipOptions {
     o
 }
 
+/// Joins as 10.0.0.n:11111@1 on `clock`, with the table's options.
 pub(crate) async fn join(
     table: Arc<impl MembershipTable + 'static>,
     n: u8,
-    clock: &Arc<TokioClock>,
+    clock: &Arc<impl Clock + 'static>,
 ) -> cassandra_membership::Silo {
-    cassandra_membership::Silo::join_with_clock(table, entry(n), options(), clock.clone())
+    try_join(table, n, clock).await.unwrap()
+}
+
+/// [`join`], for a join expected to fail.
+pub(crate) async fn try_join(
+    table: Arc<impl MembershipTable + 'static>,
+    n: u8,
+    clock: &Arc<impl Clock + 'static>,
+) -> cassandra_membership::Result<cassandra_membership::Silo> {
+    cassandra_membership::Silo::builder(table, address(n))
+        .clock(clock.clone())
+        .join()
         .await
-        .unwrap()
+}
+
+pub(crate) fn address(n: u8) -> SiloAddress {
+    format!("10.0.0.{n}:11111@1").parse().unwrap()
 }
 
 pub(crate) fn entry(n: u8) -> MembershipEntry {
-    let a: SiloAddress = format!("10.0.0.{n}:11111@1").parse().unwrap();
-    MembershipEntry::new(a, SiloStatus::Joining, Timestamp::now())
+    MembershipEntry::new(address(n), SiloStatus::Joining, Timestamp::now())
 }
 
 pub(crate) fn entry_at(n: u8, clock: &dyn Clock) -> MembershipEntry {
@@ -44,12 +58,26 @@ pub(crate) fn faulty(inner: InMemoryMembershipTable) -> Arc<FaultyTable> {
     Arc::new(FaultyTable::new(Arc::new(inner)))
 }
 
-/// A fault-injecting in-memory table of cluster `c` on the test's (paused) tokio clock, and
-/// that clock: the set-up of most runtime tests.
+/// A fault-injecting in-memory table of cluster `c` with [`options`] on the test's (paused)
+/// tokio clock, and that clock: the set-up of most runtime tests.
 pub(crate) fn faulty_on_paused_clock() -> (Arc<TokioClock>, Arc<FaultyTable>) {
+    faulty_on_paused_clock_with(options())
+}
+
+/// [`faulty_on_paused_clock`] with other membership options.
+pub(crate) fn faulty_on_paused_clock_with(
+    o: MembershipOptions,
+) -> (Arc<TokioClock>, Arc<FaultyTable>) {
     let clock = Arc::new(TokioClock::new());
-    let table = faulty(InMemoryMembershipTable::new("c").with_clock(clock.clone()));
+    let table = faulty(memory(&clock).with_options(o));
     (clock, table)
+}
+
+/// An in-memory table of cluster `c` with [`options`] on `clock`.
+pub(crate) fn memory(clock: &Arc<impl Clock + 'static>) -> InMemoryMembershipTable {
+    InMemoryMembershipTable::new("c")
+        .with_clock(clock.clone())
+        .with_options(options())
 }
 
 /// Polls every 100 ms of (paused) time until `done` or `limit` passes.

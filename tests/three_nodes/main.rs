@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use cassandra_membership::conformance::history::{History, HistoryOp, HistoryRet};
 use cassandra_membership::conformance::workload::{self, WorkloadOptions, WorkloadReport};
 use cassandra_membership::{
-    CassandraClusteringOptions, CassandraMembershipTable, MembershipEntry, MembershipOptions,
-    MembershipTable, Silo, SiloAddress, SiloStatus, Timestamp,
+    CassandraClusteringOptions, CassandraMembershipTable, MembershipOptions, MembershipTable, Silo,
+    SiloAddress,
 };
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
@@ -135,7 +135,10 @@ async fn keyspace() {
 }
 
 fn options(cluster: &str) -> CassandraClusteringOptions {
-    CassandraClusteringOptions::new(KEYSPACE, "faults", cluster)
+    CassandraClusteringOptions::default()
+        .keyspace(KEYSPACE)
+        .service_id("faults")
+        .cluster_id(cluster)
         .contact_points(contact_points())
         .request_timeout(REQUEST_TIMEOUT)
 }
@@ -264,12 +267,11 @@ async fn one_node_killed_every_operation_still_succeeds_after_rerouting() {
         let o = options(&cluster).table(table.clone());
         starts.push(tokio::spawn(async move {
             let membership = fast_membership();
-            let t = CassandraMembershipTable::connect(o.membership(membership.clone())).await?;
+            let t = CassandraMembershipTable::connect(o.membership(membership)).await?;
             let address =
                 SiloAddress::new(std::net::SocketAddr::from(([10, 9, 0, 1], 40_000 + k)), 1)?;
-            let entry = MembershipEntry::new(address, SiloStatus::Joining, Timestamp::now());
             let started = Instant::now();
-            let silo = Silo::join(Arc::new(t), entry, membership).await?;
+            let silo = Silo::join(Arc::new(t), address).await?;
             let took = started.elapsed();
             silo.leave().await?;
             Ok::<Duration, cassandra_membership::MembershipError>(took)
@@ -601,7 +603,10 @@ async fn silo_host_processes_declare_killed_and_paused_hosts_dead_and_a_dead_hos
         .collect();
     // Observe the table from outside, the way an operator would.
     let observer = CassandraMembershipTable::connect(
-        CassandraClusteringOptions::new(KEYSPACE, "hosts", &cluster)
+        CassandraClusteringOptions::default()
+            .keyspace(KEYSPACE)
+            .service_id("hosts")
+            .cluster_id(&cluster)
             .contact_points(contact_points()),
     )
     .await

@@ -33,10 +33,9 @@ async fn local_quorum_keeps_every_operation() {
     .await;
     // A silo joins, heartbeats, is Healthy, leaves.
     let membership = fast_membership();
-    let t = connect(local(&unique("outage-silo")).membership(membership.clone())).await;
+    let t = connect(local(&unique("outage-silo")).membership(membership)).await;
     let address = SiloAddress::new(std::net::SocketAddr::from(([10, 3, 0, 1], 11111)), 1).unwrap();
-    let entry = MembershipEntry::new(address, SiloStatus::Joining, Timestamp::now());
-    let silo = Silo::join(Arc::new(t), entry, membership)
+    let silo = Silo::join(Arc::new(t), address)
         .await
         .expect("a silo joins with dc2 down");
     let mut health = silo.health();
@@ -188,12 +187,7 @@ async fn dc2_down_local_quorum_keeps_every_operation_and_quorum_fails_typed_writ
     let joiner = connect(global(&cluster).membership(membership.clone())).await;
     let third = SiloAddress::new(std::net::SocketAddr::from(([10, 4, 0, 3], 11111)), 1).unwrap();
     let started = Instant::now();
-    let joined = Silo::join(
-        Arc::new(joiner),
-        MembershipEntry::new(third, SiloStatus::Joining, Timestamp::now()),
-        membership,
-    )
-    .await;
+    let joined = Silo::join(Arc::new(joiner), third).await;
     assert!(joined.is_err(), "a silo joined on quorum with dc2 down");
     assert!(
         started.elapsed() < Duration::from_secs(10) + 2 * rt,

@@ -211,7 +211,10 @@ async fn initialize_refuses_a_local_datacenter_the_ring_or_the_keyspace_lacks() 
     )
     .await;
     let in_keyspace = |ks: &str| {
-        CassandraClusteringOptions::new(ks, "dcs", unique("ks"))
+        CassandraClusteringOptions::default()
+            .keyspace(ks)
+            .service_id("dcs")
+            .cluster_id(unique("ks"))
             .contact_points([dc1_point(), dc2_point()])
             .consistency(ConsistencyProfile::LocalQuorum)
             .local_datacenter("dc1")

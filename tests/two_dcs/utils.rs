@@ -63,7 +63,10 @@ pub(crate) fn unique(prefix: &str) -> String {
 
 /// `local_quorum` pinned to dc1, both nodes as contact points.
 pub(crate) fn local(cluster: &str) -> CassandraClusteringOptions {
-    CassandraClusteringOptions::new(KEYSPACE, "dcs", cluster)
+    CassandraClusteringOptions::default()
+        .keyspace(KEYSPACE)
+        .service_id("dcs")
+        .cluster_id(cluster)
         .contact_points([dc1_point(), dc2_point()])
         .consistency(ConsistencyProfile::LocalQuorum)
         .local_datacenter("dc1")
@@ -72,7 +75,10 @@ pub(crate) fn local(cluster: &str) -> CassandraClusteringOptions {
 
 /// `quorum`, dc1 tried first.
 pub(crate) fn global(cluster: &str) -> CassandraClusteringOptions {
-    CassandraClusteringOptions::new(KEYSPACE, "dcs", cluster)
+    CassandraClusteringOptions::default()
+        .keyspace(KEYSPACE)
+        .service_id("dcs")
+        .cluster_id(cluster)
         .contact_points([dc1_point(), dc2_point()])
         .local_datacenter("dc1")
         .request_timeout(REQUEST_TIMEOUT)

@@ -41,7 +41,10 @@ fn options(cluster: &str) -> CassandraClusteringOptions {
     let mut m = MembershipOptions::default();
     m.defunct_silo_expiration = TTL; // the TTL: a stopped server's entry lives this long
     m.i_am_alive_table_publish_timeout = HEARTBEAT;
-    CassandraClusteringOptions::new(KEYSPACE, SERVICE, cluster)
+    CassandraClusteringOptions::default()
+        .keyspace(KEYSPACE)
+        .service_id(SERVICE)
+        .cluster_id(cluster)
         .contact_points(points)
         .table(TABLE)
         .create_keyspace_simple(1)

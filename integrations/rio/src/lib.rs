@@ -12,7 +12,11 @@
 //! use cassandra_membership_rio::CassandraMembershipStorage;
 //! use rio_rs::prelude::*;
 //! # async fn f() -> cassandra_membership::Result<()> {
-//! let options = CassandraClusteringOptions::new("rio", "my-service", "blue").ttl(true);
+//! let options = CassandraClusteringOptions::default()
+//!     .keyspace("rio")
+//!     .service_id("my-service")
+//!     .cluster_id("blue")
+//!     .ttl(true);
 //! let storage = CassandraMembershipStorage::connect(options).await?;
 //! let provider = PeerToPeerClusterProvider::builder().members_storage(storage.clone()).build();
 //! let client = ClientBuilder::new().members_storage(storage).build();

@@ -151,10 +151,11 @@ impl CassandraMembershipStorage {
     }
 
     /// Runs `step` until it succeeds, fails for good, or transient failures (see
-    /// [`MembershipError::is_transient`]) have lasted [`RioStorageOptions::retry_for`]: rio stops
-    /// a server's membership loop on any storage error, so a timeout, a node restart or a burst
-    /// of lost races must not reach it. Each step is safe to repeat: it re-reads the table
-    /// and writes conditionally on what it read.
+    /// [`MembershipError::is_transient`]) and unknown outcomes have lasted
+    /// [`RioStorageOptions::retry_for`]: rio stops a server's membership loop on any storage
+    /// error, so a timeout, a node restart or a burst of lost races must not reach it. Each step
+    /// is safe to repeat, an unknown outcome included: it re-reads the table and writes
+    /// conditionally on what it read (a write that did apply is recognised on the re-read).
     async fn retrying<T, F, Fut>(&self, operation: &'static str, mut step: F) -> Result<T>
     where
         F: FnMut() -> Fut,
@@ -165,7 +166,7 @@ impl CassandraMembershipStorage {
         let mut delay = Duration::from_millis(50);
         loop {
             match step().await {
-                Err(e) if e.is_transient() => {
+                Err(e) if e.is_transient() || e.is_outcome_unknown() => {
                     // Full jitter in [delay/2, delay]: servers that failed together spread out.
                     let wait = delay / 2 + delay.mul_f64(f64::from(jitter_percent()) / 200.0);
                     if started.elapsed() + wait >= budget {

@@ -37,7 +37,10 @@ fn unique(prefix: &str) -> String {
 }
 
 fn options(table: &str, cluster: &str) -> CassandraClusteringOptions {
-    CassandraClusteringOptions::new(KEYSPACE, SERVICE, cluster)
+    CassandraClusteringOptions::default()
+        .keyspace(KEYSPACE)
+        .service_id(SERVICE)
+        .cluster_id(cluster)
         .contact_points(contact_points())
         .table(table)
         .create_keyspace_simple(1)

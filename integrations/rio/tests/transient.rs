@@ -24,7 +24,10 @@ async fn flaky(rio: RioStorageOptions) -> (CassandraMembershipStorage, Arc<Fault
         .map(|s| s.trim().to_owned())
         .collect();
     let cluster = format!("flaky-{}", uuid::Uuid::new_v4().simple());
-    let o = CassandraClusteringOptions::new(KEYSPACE, "rio-test", cluster)
+    let o = CassandraClusteringOptions::default()
+        .keyspace(KEYSPACE)
+        .service_id("rio-test")
+        .cluster_id(cluster)
         .contact_points(points.clone())
         .table("rio_members")
         .create_keyspace_simple(1)

@@ -9,10 +9,17 @@ fn option_of(r: Result<()>) -> String {
     }
 }
 
+/// Defaults for everything but the two identities, which have none.
+fn named() -> CassandraClusteringOptions {
+    CassandraClusteringOptions::default()
+        .service_id("s")
+        .cluster_id("c")
+}
+
 #[test]
-fn defaults_validate() {
-    CassandraClusteringOptions::default().validate().unwrap();
-    assert_eq!(CassandraClusteringOptions::default().write_ttl_seconds(), 0);
+fn defaults_validate_once_the_identities_are_named() {
+    named().validate().unwrap();
+    assert_eq!(named().write_ttl_seconds(), 0);
 }
 
 #[test]
@@ -26,9 +33,16 @@ fn identifiers_are_validated_before_anything_runs() {
         &"x".repeat(49),
         "ks.tbl",
     ] {
-        let o = CassandraClusteringOptions::new(bad, "s", "c");
+        let o = CassandraClusteringOptions::default()
+            .keyspace(bad)
+            .service_id("s")
+            .cluster_id("c");
         assert_eq!(option_of(o.validate()), "keyspace");
-        let o = CassandraClusteringOptions::new("ks", "s", "c").table(bad);
+        let o = CassandraClusteringOptions::default()
+            .keyspace("ks")
+            .service_id("s")
+            .cluster_id("c")
+            .table(bad);
         assert_eq!(option_of(o.validate()), "table");
     }
 }
@@ -36,18 +50,34 @@ fn identifiers_are_validated_before_anything_runs() {
 #[test]
 fn empty_ids_are_rejected() {
     assert_eq!(
-        option_of(CassandraClusteringOptions::new("ks", "", "c").validate()),
+        option_of(
+            CassandraClusteringOptions::default()
+                .keyspace("ks")
+                .service_id("")
+                .cluster_id("c")
+                .validate()
+        ),
         "service_id"
     );
     assert_eq!(
-        option_of(CassandraClusteringOptions::new("ks", "s", "").validate()),
+        option_of(
+            CassandraClusteringOptions::default()
+                .keyspace("ks")
+                .service_id("s")
+                .cluster_id("")
+                .validate()
+        ),
         "cluster_id"
     );
 }
 
 #[test]
 fn ttl_is_defunct_expiration_rounded_up_plus_renewal() {
-    let mut o = CassandraClusteringOptions::new("ks", "s", "c").ttl(true);
+    let mut o = CassandraClusteringOptions::default()
+        .keyspace("ks")
+        .service_id("s")
+        .cluster_id("c")
+        .ttl(true);
     o.membership.defunct_silo_expiration = Duration::from_millis(100_001);
     o.membership.i_am_alive_table_publish_timeout = Duration::from_secs(1);
     o.validate().unwrap();
@@ -58,7 +88,11 @@ fn ttl_is_defunct_expiration_rounded_up_plus_renewal() {
 
 #[test]
 fn ttl_must_span_several_heartbeats() {
-    let mut o = CassandraClusteringOptions::new("ks", "s", "c").ttl(true);
+    let mut o = CassandraClusteringOptions::default()
+        .keyspace("ks")
+        .service_id("s")
+        .cluster_id("c")
+        .ttl(true);
     o.membership.defunct_silo_expiration = Duration::from_secs(60);
     assert_eq!(
         option_of(o.validate()),
@@ -71,7 +105,11 @@ fn ttl_must_span_several_heartbeats() {
 
 #[test]
 fn ttl_beyond_cassandra_limits_is_rejected() {
-    let mut o = CassandraClusteringOptions::new("ks", "s", "c").ttl(true);
+    let mut o = CassandraClusteringOptions::default()
+        .keyspace("ks")
+        .service_id("s")
+        .cluster_id("c")
+        .ttl(true);
     o.membership.defunct_silo_expiration = Duration::from_secs(MAX_TTL_SECONDS);
     assert_eq!(
         option_of(o.validate()),
@@ -86,14 +124,22 @@ fn ttl_beyond_cassandra_limits_is_rejected() {
 
 #[test]
 fn renewal_interval_must_be_under_half_the_ttl() {
-    let mut o = CassandraClusteringOptions::new("ks", "s", "c").ttl(true);
+    let mut o = CassandraClusteringOptions::default()
+        .keyspace("ks")
+        .service_id("s")
+        .cluster_id("c")
+        .ttl(true);
     o.ttl_renewal_interval = Some(Duration::from_secs(5 * 24 * 3600));
     assert_eq!(option_of(o.validate()), "ttl_renewal_interval");
 }
 
 #[test]
 fn extreme_options_are_errors_not_panics() {
-    let mut o = CassandraClusteringOptions::new("ks", "s", "c").ttl(true);
+    let mut o = CassandraClusteringOptions::default()
+        .keyspace("ks")
+        .service_id("s")
+        .cluster_id("c")
+        .ttl(true);
     o.membership.i_am_alive_table_publish_timeout = Duration::MAX;
     o.membership.defunct_silo_expiration = Duration::MAX;
     o.ttl_renewal_interval = Some(Duration::MAX);
@@ -114,7 +160,7 @@ fn password_never_in_debug() {
 
 #[test]
 fn replication_map_is_validated() {
-    let mut o = CassandraClusteringOptions::default().create_keyspace_simple(1);
+    let mut o = named().create_keyspace_simple(1);
     o.validate().unwrap();
     o.create_keyspace_with_replication
         .as_mut()
@@ -136,14 +182,27 @@ fn human_readable_durations_deserialize() {
 
 #[test]
 fn blank_ids_huge_renewals_and_membership_errors_are_named() {
-    let o = CassandraClusteringOptions::new("ks", "svc", " \t ");
+    let o = CassandraClusteringOptions::default()
+        .keyspace("ks")
+        .service_id("svc")
+        .cluster_id(" \t ");
     assert_eq!(option_of(o.validate()), "cluster_id");
-    let o = CassandraClusteringOptions::new("ks", "  ", "c");
+    let o = CassandraClusteringOptions::default()
+        .keyspace("ks")
+        .service_id("  ")
+        .cluster_id("c");
     assert_eq!(option_of(o.validate()), "service_id");
-    let mut o = CassandraClusteringOptions::new("ks", "svc", "c").ttl(true);
+    let mut o = CassandraClusteringOptions::default()
+        .keyspace("ks")
+        .service_id("svc")
+        .cluster_id("c")
+        .ttl(true);
     o.ttl_renewal_interval = Some(Duration::MAX);
     assert_eq!(option_of(o.validate()), "ttl_renewal_interval");
-    let mut o = CassandraClusteringOptions::new("ks", "svc", "c");
+    let mut o = CassandraClusteringOptions::default()
+        .keyspace("ks")
+        .service_id("svc")
+        .cluster_id("c");
     o.membership.defunct_silo_expiration = Duration::ZERO;
     assert_eq!(
         option_of(o.validate()),
@@ -166,7 +225,10 @@ fn credentials_reject_unknown_fields() {
 
 #[test]
 fn local_quorum_needs_a_local_datacenter_and_names_it() {
-    let o = CassandraClusteringOptions::new("ks", "svc", "c")
+    let o = CassandraClusteringOptions::default()
+        .keyspace("ks")
+        .service_id("svc")
+        .cluster_id("c")
         .consistency(ConsistencyProfile::LocalQuorum);
     assert_eq!(option_of(o.clone().validate()), "local_datacenter");
     o.clone().local_datacenter("dc1").validate().unwrap();
@@ -178,12 +240,17 @@ fn local_quorum_needs_a_local_datacenter_and_names_it() {
         );
     }
     // `quorum` takes one as the DC tried first; without one it is as before.
-    CassandraClusteringOptions::new("ks", "svc", "c")
+    CassandraClusteringOptions::default()
+        .keyspace("ks")
+        .service_id("svc")
+        .cluster_id("c")
         .local_datacenter("dc2")
         .validate()
         .unwrap();
-    let o: CassandraClusteringOptions =
-        toml::from_str("consistency = \"local_quorum\"\nlocal_datacenter = \"eu-west\"").unwrap();
+    let o: CassandraClusteringOptions = toml::from_str(
+        "service_id = \"s\"\ncluster_id = \"c\"\nconsistency = \"local_quorum\"\nlocal_datacenter = \"eu-west\"",
+    )
+    .unwrap();
     assert_eq!(o.local_datacenter.as_deref(), Some("eu-west"));
     o.validate().unwrap();
 }

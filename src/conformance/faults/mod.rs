@@ -36,6 +36,7 @@ use crate::error::{MembershipError, Result};
 use crate::model::{
     ETag, MembershipEntry, MembershipSnapshot, SiloAddress, SiloStatus, TableVersion, Timestamp,
 };
+use crate::options::MembershipOptions;
 use crate::table::{HeartbeatOutcome, Lease, MembershipTable, StorageExpiry};
 
 mod injection;
@@ -267,8 +268,16 @@ impl MembershipTable for FaultyTable {
         self.inner.cluster_id()
     }
 
+    fn service_id(&self) -> &str {
+        self.inner.service_id()
+    }
+
     fn identity(&self) -> String {
         self.inner.identity()
+    }
+
+    fn membership_options(&self) -> &MembershipOptions {
+        self.inner.membership_options()
     }
 
     fn storage_expiry(&self) -> StorageExpiry {
