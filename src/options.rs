@@ -65,6 +65,15 @@ pub struct MembershipOptions {
     /// give up) before it returns an error. Default 5 min (Orleans' `MaxJoinAttemptTime`).
     #[serde(with = "humantime_serde")]
     pub max_join_attempt_time: Duration,
+    /// How many Dead entries the table keeps (Orleans' `MaxDefunctSiloEntries`): in each cleanup
+    /// round, the first Active silo by address order removes the oldest Dead entries beyond
+    /// this many, ranked by [`MembershipEntry::last_activity`](crate::MembershipEntry::last_activity)
+    /// (see [`DefunctCleanup`](crate::runtime::DefunctCleanup)). `None` (`"off"` or `null` in a
+    /// config file) keeps every Dead entry. Default 25. Signed so that a negative number
+    /// reaches [`validate`](MembershipOptions::validate), which names it, as Orleans' validator
+    /// does.
+    #[serde(with = "count_or_off")]
+    pub max_defunct_silo_entries: Option<i64>,
 }
 
 impl Default for MembershipOptions {
@@ -82,6 +91,7 @@ impl Default for MembershipOptions {
             force_defunct_cleanup: false,
             table_operation_timeout: None,
             max_join_attempt_time: Duration::from_secs(300),
+            max_defunct_silo_entries: Some(25),
         }
     }
 }
@@ -112,6 +122,65 @@ mod duration_or_off {
                 .map(Some)
                 .map_err(D::Error::custom),
         }
+    }
+}
+
+/// An optional count that config files can switch off: `"off"`, `"none"`, `"disabled"` or
+/// `null` mean `None`; otherwise an integer (negative ones are left to `validate`).
+mod count_or_off {
+    use std::fmt;
+
+    use serde::Serializer;
+    use serde::de::{self, Deserializer, Visitor};
+
+    pub(super) fn serialize<S: Serializer>(value: &Option<i64>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(n) => s.serialize_i64(*n),
+            None => s.serialize_str("off"),
+        }
+    }
+
+    struct CountOrOff;
+
+    impl<'de> Visitor<'de> for CountOrOff {
+        type Value = Option<i64>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a number of entries, or \"off\"")
+        }
+
+        fn visit_i64<E: de::Error>(self, n: i64) -> Result<Self::Value, E> {
+            Ok(Some(n))
+        }
+
+        fn visit_u64<E: de::Error>(self, n: u64) -> Result<Self::Value, E> {
+            i64::try_from(n)
+                .map(Some)
+                .map_err(|_| E::custom(format!("{n} entries is too many")))
+        }
+
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+            match text {
+                "off" | "none" | "disabled" => Ok(None),
+                other => Err(E::invalid_value(de::Unexpected::Str(other), &self)),
+            }
+        }
+
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(CountOrOff)
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+        d.deserialize_any(CountOrOff)
     }
 }
 
@@ -153,6 +222,8 @@ impl MembershipOptions {
         table_operation_timeout: Option<Duration>,
         /// Sets `max_join_attempt_time`.
         max_join_attempt_time: Duration,
+        /// Sets `max_defunct_silo_entries` (`None` keeps every Dead entry).
+        max_defunct_silo_entries: Option<i64>,
     }
 
     /// The bound on one runtime table call: `table_operation_timeout`, or one publish period.
@@ -254,6 +325,15 @@ impl MembershipOptions {
                     "{} × i_am_alive_table_publish_timeout ({detection:?}, when the others may vote a silent silo dead) leaves no fencing margin after the longest healthy heartbeat gap ({:?}: the publish period plus i_am_alive_jitter_percent, plus one table_operation_timeout); raise the limit or shorten table_operation_timeout",
                     self.num_missed_table_i_am_alive_limit,
                     self.longest_heartbeat_gap()
+                ),
+            ));
+        }
+        if self.max_defunct_silo_entries.is_some_and(|n| n < 0) {
+            return Err(MembershipError::config(
+                "max_defunct_silo_entries",
+                format!(
+                    "must be at least 0, or off (got {})",
+                    self.max_defunct_silo_entries.unwrap_or_default()
                 ),
             ));
         }
@@ -383,6 +463,15 @@ mod tests {
             Duration::from_secs(5)
         );
         assert_eq!(o.max_join_attempt_time, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn max_defunct_silo_entries_null_means_off() {
+        use serde::de::value::{Error, UnitDeserializer};
+        assert_eq!(
+            count_or_off::deserialize(UnitDeserializer::<Error>::new()).unwrap(),
+            None
+        );
     }
 
     #[test]

@@ -210,3 +210,54 @@ fn a_missing_keyspace_says_what_to_do() {
     assert!(text.contains("create_keyspace_with_replication"), "{text}");
     assert!(!text.contains("schema mismatch"), "{text}");
 }
+
+/// Orleans' `MaxDefunctSiloEntries`: a count (default 25), `"off"` to keep every Dead entry; a
+/// negative count reaches `validate`, which names the option (as Orleans' validator does).
+#[test]
+fn max_defunct_silo_entries_is_a_count_or_off_and_a_negative_one_is_refused_by_name() {
+    assert_eq!(
+        MembershipOptions::default().max_defunct_silo_entries,
+        Some(25)
+    );
+    let o: MembershipOptions = toml::from_str("max_defunct_silo_entries = 0").unwrap();
+    assert_eq!(o.max_defunct_silo_entries, Some(0));
+    o.validate().unwrap();
+    let o: MembershipOptions = toml::from_str("max_defunct_silo_entries = \"off\"").unwrap();
+    assert_eq!(o.max_defunct_silo_entries, None);
+    o.validate().unwrap();
+    let negative: MembershipOptions = toml::from_str("max_defunct_silo_entries = -1")
+        .expect("a negative count parses, so that validate can name it");
+    assert_eq!(option_of(negative.validate()), "max_defunct_silo_entries");
+    assert_eq!(
+        option_of(
+            MembershipOptions::default()
+                .max_defunct_silo_entries(Some(-3))
+                .validate()
+        ),
+        "max_defunct_silo_entries"
+    );
+    let mut o = CassandraClusteringOptions::default()
+        .keyspace("ks")
+        .service_id("svc")
+        .cluster_id("c");
+    o.membership.max_defunct_silo_entries = Some(-1);
+    assert_eq!(
+        option_of(o.validate()),
+        "membership.max_defunct_silo_entries"
+    );
+    for wrong in ["\"soon\"", "2.5", "true"] {
+        assert!(
+            toml::from_str::<MembershipOptions>(&format!("max_defunct_silo_entries = {wrong}"))
+                .is_err(),
+            "{wrong} is no count"
+        );
+    }
+    let back =
+        toml::to_string(&MembershipOptions::default().max_defunct_silo_entries(None)).unwrap();
+    assert!(
+        back.contains("max_defunct_silo_entries = \"off\""),
+        "{back}"
+    );
+    let back = toml::to_string(&MembershipOptions::default()).unwrap();
+    assert!(back.contains("max_defunct_silo_entries = 25"), "{back}");
+}

@@ -277,7 +277,21 @@ pub(crate) fn resolve(
     if scope == Scope::Table && o.service_id.is_empty() {
         o.service_id = UNUSED_ID.into();
     }
-    o.validate()?;
+    o.validate().map_err(|e| match &e {
+        // The library's message names the option; an operator also wants the flag.
+        MembershipError::InvalidConfiguration { option, .. }
+            if (option == "service_id" && o.service_id.is_empty())
+                || (option == "cluster_id" && o.cluster_id.is_empty()) =>
+        {
+            let (flag, env) = if option == "service_id" {
+                ("--service", "CASSANDRA_MEMBERSHIP_SERVICE")
+            } else {
+                ("--cluster", "CASSANDRA_MEMBERSHIP_CLUSTER")
+            };
+            CliError::Usage(format!("{e}; this command needs {flag} (or {env})"))
+        }
+        _ => CliError::Membership(e),
+    })?;
     Ok(Resolved {
         options: o,
         ttl_explicit,

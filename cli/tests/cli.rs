@@ -710,6 +710,12 @@ fn a_command_on_a_cluster_without_its_ids_is_exit_2_naming_them() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(missing), "{args:?}: {stderr}");
+        let flag = if missing.starts_with("service") {
+            "--service"
+        } else {
+            "--cluster"
+        };
+        assert!(stderr.contains(flag), "{args:?} names the flag: {stderr}");
         assert!(
             !stderr.contains("unavailable"),
             "refused before connecting: {stderr}"

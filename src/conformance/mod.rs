@@ -10,6 +10,7 @@
 //! Each case panics (like `assert!`) on a violation, naming what was expected.
 //! Available with the `conformance` feature.
 
+mod dead_limit;
 mod harness;
 mod heartbeats;
 mod lifecycle;
@@ -20,6 +21,10 @@ pub mod history;
 pub mod model;
 pub mod workload;
 
+pub use dead_limit::{
+    dead_entries_rank_by_their_latest_sign_of_life, dead_entries_tied_at_the_limit_go_together,
+    excess_dead_entries_go_oldest_first,
+};
 pub use harness::{Harness, fresh_cluster_id, new_entry};
 pub use heartbeats::{
     a_vote_decided_before_a_heartbeat_does_not_apply,
@@ -62,6 +67,9 @@ macro_rules! conformance_tests {
             delete_cluster_isolated_and_reusable,
             concurrent_initialize_is_idempotent,
             absent_version_reads_as_zero,
+            excess_dead_entries_go_oldest_first,
+            dead_entries_rank_by_their_latest_sign_of_life,
+            dead_entries_tied_at_the_limit_go_together,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {

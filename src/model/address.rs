@@ -120,9 +120,11 @@ impl SiloAddress {
     /// ```
     /// use cassandra_membership::{SiloAddress, Timestamp};
     /// assert_eq!(SiloAddress::generation_at(Timestamp::from_millis(1_640_995_210_500)), 10);
+    /// assert_eq!(SiloAddress::generation_at(Timestamp::from_millis(i64::MIN)), 0);
+    /// assert_eq!(SiloAddress::generation_at(Timestamp::from_millis(i64::MAX)), i32::MAX);
     /// ```
     pub fn generation_at(now: Timestamp) -> i32 {
-        let secs = (now.as_millis() - GENERATION_EPOCH_MILLIS).div_euclid(1000);
+        let secs = now.as_millis().saturating_sub(GENERATION_EPOCH_MILLIS).div_euclid(1000);
         i32::try_from(secs.max(0)).unwrap_or(i32::MAX)
     }
 

@@ -1,9 +1,13 @@
 //! The periodic defunct-silo cleanup, as Orleans runs it: first at a random point of the first
-//! period, then every period plus jitter; at most one per table identity per process; idle while storage
-//! expiry covers it (unless forced), re-checked every period.
+//! period, then every period plus jitter; one per table identity per process, shared by the
+//! process's silos on that table; each round removes entries older than the age limit (idle
+//! while storage expiry covers that, unless forced) and, when a local silo is the first Active
+//! one, the oldest Dead entries beyond `max_defunct_silo_entries`.
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -12,6 +16,7 @@ use tracing::{info, warn};
 
 use crate::clock::{Clock, scale};
 use crate::error::{MembershipError, Result};
+use crate::model::{MembershipEntry, SiloAddress, SiloStatus, Timestamp};
 use crate::options::MembershipOptions;
 use crate::runtime::protocol::bounded;
 use crate::table::MembershipTable;
@@ -48,173 +53,430 @@ impl CleanupSchedule {
     }
 }
 
-static RUNNING: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+/// The smallest step of a [`Timestamp`]: one millisecond (what Cassandra's `timestamp` holds).
+/// Orleans adds one .NET tick (100 ns) to the newest entry it removes; ours is this.
+pub const TIMESTAMP_TICK: Duration = Duration::from_millis(1);
 
-struct Registration(String);
-
-impl Registration {
-    fn take(key: String) -> Option<Registration> {
-        let mut running = RUNNING.lock().unwrap_or_else(|p| p.into_inner());
-        // `then`, not `then_some`: a Registration built and dropped here would deregister the
-        // running task (and deadlock on this lock).
-        let fresh = running.get_or_insert_with(HashSet::new).insert(key.clone());
-        fresh.then(|| Registration(key))
+/// The cutoff that removes the oldest Dead entries beyond `max` (Orleans' `MaxDefunctSiloEntries`
+/// rule), `None` when there are at most `max`. Dead entries are ranked by
+/// [`MembershipEntry::last_activity`] (Orleans' effective update time: the latest of I-am-alive,
+/// start time and suspicion votes, so a silo just declared dead ranks as recent); the cutoff is
+/// the time of the newest entry to remove plus one [`TIMESTAMP_TICK`].
+///
+/// Passed to [`MembershipTable::cleanup_defunct`], the cutoff removes, as in Orleans, every
+/// non-Active entry older than it — Dead or not — and every Dead entry at the same millisecond
+/// as the newest removed one: entries tied at the boundary go together, so fewer than `max` may
+/// remain.
+pub fn excess_dead_cutoff<'a>(
+    entries: impl IntoIterator<Item = &'a MembershipEntry>,
+    max: u64,
+) -> Option<Timestamp> {
+    let mut times: Vec<Timestamp> = entries
+        .into_iter()
+        .filter(|e| e.status == SiloStatus::Dead)
+        .map(MembershipEntry::last_activity)
+        .collect();
+    let keep = usize::try_from(max).unwrap_or(usize::MAX);
+    if times.len() <= keep {
+        return None;
     }
+    // Newest first: the entry at index `keep` is the newest one beyond the limit.
+    let (_, newest_removed, _) = times.select_nth_unstable_by(keep, |a, b| b.cmp(a));
+    Some(Timestamp::from_millis(
+        newest_removed.as_millis().saturating_add(1),
+    ))
 }
 
-impl Drop for Registration {
-    fn drop(&mut self) {
-        if let Some(set) = RUNNING.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
-            set.remove(&self.0);
+/// Orleans' silo address order: generation, then port, then IP address (IPv4 before IPv6).
+/// (Orleans compares an IPv4 address as a little-endian number; we compare its octets in order.
+/// Only the silos of one table need to agree, and they all run this code.)
+pub fn silo_address_order(a: &SiloAddress, b: &SiloAddress) -> Ordering {
+    fn ip_key(ip: IpAddr) -> (u8, [u8; 16]) {
+        match ip {
+            IpAddr::V4(v4) => (0, v4.to_ipv6_mapped().octets()),
+            IpAddr::V6(v6) => (1, v6.octets()),
         }
     }
+    a.generation()
+        .cmp(&b.generation())
+        .then(a.endpoint().port().cmp(&b.endpoint().port()))
+        .then(ip_key(a.endpoint().ip()).cmp(&ip_key(b.endpoint().ip())))
 }
 
-/// A running cleanup task.
+/// The first Active silo by [`silo_address_order`]: the one that applies the Dead-entry limit.
+pub fn first_active_silo<'a>(
+    entries: impl IntoIterator<Item = &'a MembershipEntry>,
+) -> Option<SiloAddress> {
+    entries
+        .into_iter()
+        .filter(|e| e.status == SiloStatus::Active)
+        .map(|e| e.address)
+        .min_by(silo_address_order)
+}
+
+/// One application of the Dead-entry limit: reads the table, and when it holds more than `max`
+/// Dead entries, calls [`MembershipTable::cleanup_defunct`] with [`excess_dead_cutoff`].
+/// Returns how many entries that removed (0 when within the limit). The caller decides who
+/// applies it (Orleans: only the first Active silo, [`first_active_silo`]); both backends give
+/// the same result, since the rule needs only `read_all` and `cleanup_defunct`.
+pub async fn remove_excess_dead_entries(table: &dyn MembershipTable, max: u64) -> Result<usize> {
+    let snapshot = table.read_all().await?;
+    match excess_dead_cutoff(snapshot.rows.iter().map(|r| &r.entry), max) {
+        Some(before) => table.cleanup_defunct(before).await,
+        None => Ok(0),
+    }
+}
+
+/// The options every silo sharing a cleanup must agree on (the first silo's run it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct CleanupSettings {
+    period: Option<Duration>,
+    jitter: Duration,
+    expiration: Duration,
+    force: bool,
+    max_dead: Option<i64>,
+}
+
+impl CleanupSettings {
+    fn of(o: &MembershipOptions) -> Self {
+        CleanupSettings {
+            period: o.defunct_silo_cleanup_period,
+            jitter: o.defunct_silo_cleanup_jitter,
+            expiration: o.defunct_silo_expiration,
+            force: o.force_defunct_cleanup,
+            max_dead: o.max_defunct_silo_entries,
+        }
+    }
+
+    /// The first option in which `other` differs, if any.
+    fn differs(&self, other: &CleanupSettings) -> Option<&'static str> {
+        [
+            (self.period != other.period, "defunct_silo_cleanup_period"),
+            (self.jitter != other.jitter, "defunct_silo_cleanup_jitter"),
+            (
+                self.expiration != other.expiration,
+                "defunct_silo_expiration",
+            ),
+            (self.force != other.force, "force_defunct_cleanup"),
+            (self.max_dead != other.max_dead, "max_defunct_silo_entries"),
+        ]
+        .into_iter()
+        .find_map(|(differs, name)| differs.then_some(name))
+    }
+}
+
+/// One table's cleanup in this process, shared by every handle attached to it; the task runs
+/// while a handle lives.
+#[derive(Debug)]
+struct Shared {
+    identity: String,
+    settings: CleanupSettings,
+    table: Arc<dyn MembershipTable>,
+    /// The attached silos (one element per handle that names one): the Dead-entry limit runs
+    /// when one of them is the first Active silo.
+    silos: Arc<Mutex<Vec<SiloAddress>>>,
+    stop: watch::Sender<bool>,
+    task: Mutex<Option<JoinHandle<()>>>,
+    removed: watch::Receiver<u64>,
+}
+
+/// Every table identity's cleanup in this process. Every change of a `Shared`'s reference
+/// count happens under this lock, so "the last handle" is decided once.
+static SHARED: Mutex<BTreeMap<String, Weak<Shared>>> = Mutex::new(BTreeMap::new());
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A handle on the periodic defunct cleanup of a table, shared by every silo of this process on
+/// that table ([`MembershipTable::identity`]).
+///
+/// The first handle starts the task; later ones attach to it; it stops when the last one is
+/// stopped or dropped — whichever silo started it. The first handle's options run it: a later
+/// one whose cleanup options (`defunct_silo_cleanup_period`, `_jitter`, `defunct_silo_expiration`,
+/// `force_defunct_cleanup`, `max_defunct_silo_entries`) differ is refused with
+/// [`MembershipError::InvalidConfiguration`] naming the first that differs.
+///
+/// Each round (every period plus jitter, the first at a random point of the first period):
+/// - **age limit**: [`MembershipTable::cleanup_defunct`] with now − `defunct_silo_expiration`,
+///   skipped while storage-side expiry covers it ([`MembershipTable::storage_expiry`], asked every
+///   round) unless `force_defunct_cleanup`;
+/// - **count limit** (`max_defunct_silo_entries`): when one of the attached silos is the first
+///   Active silo of the table ([`first_active_silo`]), the oldest Dead entries beyond the limit
+///   ([`excess_dead_cutoff`]) — also while storage expiry is on, which bounds entries' age, not
+///   their number.
+///
+/// When both apply, one call with the later cutoff does both, as Orleans does.
 #[derive(Debug)]
 pub struct DefunctCleanup {
-    /// The table, asked whether storage covers the cleanup.
-    table: Arc<dyn MembershipTable>,
-    force: bool,
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
-    removed: watch::Receiver<u64>,
+    shared: Option<Arc<Shared>>,
+    silo: Option<SiloAddress>,
 }
 
 /// Why no cleanup task was started.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CleanupNotStarted {
     /// `defunct_silo_cleanup_period` is `None`.
     Disabled,
-    /// Storage-side expiry removes defunct entries already (`force_defunct_cleanup` overrides),
-    /// and this process already runs a cleanup task for the table, which re-checks that every
-    /// period. (The first task always starts: whether storage covers the cleanup can change
-    /// while the silo runs, README "Expiry".)
-    CoveredByStorageExpiry,
 }
 
 impl DefunctCleanup {
-    /// Starts the cleanup for `table`'s cluster, or says why it is not needed. Errors when this
-    /// process already runs one for the same table ([`MembershipTable::identity`]). Each period
-    /// the task asks [`MembershipTable::storage_expiry`] again and skips the run while storage
-    /// covers the cleanup (unless `force_defunct_cleanup`).
+    /// Starts (or attaches to) this process's cleanup of `table`, on behalf of no silo: the age
+    /// limit runs, the count limit only while some silo attached with
+    /// [`DefunctCleanup::spawn_for`] is the first Active one. See [`DefunctCleanup::spawn_for`].
     pub fn spawn(
         table: Arc<dyn MembershipTable>,
         options: &MembershipOptions,
         clock: Arc<dyn Clock>,
     ) -> Result<std::result::Result<DefunctCleanup, CleanupNotStarted>> {
+        Self::attach(table, options, clock, None)
+    }
+
+    /// Starts this process's cleanup of `table`, or attaches to the one already running for the
+    /// same table identity, on behalf of `silo`. `Ok(Err(Disabled))` when
+    /// `defunct_silo_cleanup_period` is off. Errors (before anything is written) when the
+    /// running cleanup has other options, or `max_defunct_silo_entries` is negative.
+    pub fn spawn_for(
+        table: Arc<dyn MembershipTable>,
+        options: &MembershipOptions,
+        clock: Arc<dyn Clock>,
+        silo: SiloAddress,
+    ) -> Result<std::result::Result<DefunctCleanup, CleanupNotStarted>> {
+        Self::attach(table, options, clock, Some(silo))
+    }
+
+    fn attach(
+        table: Arc<dyn MembershipTable>,
+        options: &MembershipOptions,
+        clock: Arc<dyn Clock>,
+        silo: Option<SiloAddress>,
+    ) -> Result<std::result::Result<DefunctCleanup, CleanupNotStarted>> {
         let Some(schedule) = CleanupSchedule::new(options) else {
             return Ok(Err(CleanupNotStarted::Disabled));
         };
-        let identity = table.identity();
-        let force = options.force_defunct_cleanup;
-        let Some(registration) = Registration::take(identity.clone()) else {
-            if table.storage_expiry().covers_defunct_cleanup && !force {
-                // Storage covers it, and the task already running in this process watches
-                // whether that changes: nothing for a second one to do.
-                return Ok(Err(CleanupNotStarted::CoveredByStorageExpiry));
-            }
-            return Err(MembershipError::config(
-                "defunct_silo_cleanup_period",
-                format!(
-                    "a defunct cleanup already runs for {identity} in this process; one silo per process runs it, the others set defunct_silo_cleanup_period = \"off\""
-                ),
-            ));
+        let max_dead = match options.max_defunct_silo_entries {
+            None => None,
+            Some(n) => Some(u64::try_from(n).map_err(|_| {
+                MembershipError::config("max_defunct_silo_entries", "must be at least 0, or off")
+            })?),
         };
-        let expiration = options.defunct_silo_expiration;
-        let call_timeout = options.effective_table_operation_timeout();
-        let initially_covered = table.storage_expiry().covers_defunct_cleanup && !force;
-        let task_table = Arc::clone(&table);
-        if initially_covered {
-            info!(
-                cluster = table.cluster_id(),
-                "storage-side expiry removes defunct entries; periodic cleanup idle (re-checked every period)"
-            );
-        }
-        let (stop, mut stop_rx) = watch::channel(false);
-        let (removed_tx, removed) = watch::channel(0u64);
-        let task = tokio::spawn(async move {
-            let _registration = registration;
-            let mut delay = schedule.first_delay(rand::random::<f64>());
-            let mut total = 0u64;
-            let mut was_covered = initially_covered;
-            loop {
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = stop_rx.changed() => return,
-                }
-                // Read every period: a table can stop being covered while the silo runs (a
-                // renewal finds rows without TTL), and must then be cleaned.
-                let covered = table.storage_expiry().covers_defunct_cleanup && !force;
-                if covered != was_covered {
-                    info!(
-                        cluster = table.cluster_id(),
-                        covered,
-                        "storage-side expiry covers the defunct cleanup: {covered}; periodic cleanup {}",
-                        if covered { "idle" } else { "runs" }
-                    );
-                    was_covered = covered;
-                }
-                if covered {
-                    delay = schedule.next_delay(rand::random::<f64>());
-                    continue;
-                }
-                let before = clock.now().saturating_sub(expiration);
-                // Bounded like every runtime call, and abandoned on stop: a hung cleanup must
-                // not hold up `Silo::leave` (the next period, or another silo, runs it again).
-                let run = bounded(
-                    "cleanup_defunct",
-                    true,
-                    call_timeout,
-                    table.cleanup_defunct(before),
-                );
-                let outcome = tokio::select! {
-                    r = run => r,
-                    _ = stop_rx.changed() => return,
-                };
-                match outcome {
-                    Ok(n) => {
-                        total += n as u64;
-                        if n > 0 {
-                            info!(
-                                cluster = table.cluster_id(),
-                                removed = n,
-                                "cleaned defunct entries"
-                            );
-                        }
-                        let _ = removed_tx.send(total);
-                    }
-                    Err(e) => {
-                        warn!(cluster = table.cluster_id(), error = %e, "defunct cleanup failed; next period retries")
-                    }
-                }
-                delay = schedule.next_delay(rand::random::<f64>());
+        let identity = table.identity();
+        let settings = CleanupSettings::of(options);
+        let mut registry = lock(&SHARED);
+        if let Some(shared) = registry.get(&identity).and_then(Weak::upgrade) {
+            if let Some(option) = shared.settings.differs(&settings) {
+                return Err(MembershipError::config(
+                    option,
+                    format!(
+                        "differs from the defunct cleanup this process already runs for {identity} (with the first silo's options); the silos of one table in one process share it and must agree on its options"
+                    ),
+                ));
             }
-        });
-        Ok(Ok(DefunctCleanup {
-            table: task_table,
-            force,
+            if let Some(s) = silo {
+                lock(&shared.silos).push(s);
+            }
+            return Ok(Ok(DefunctCleanup {
+                shared: Some(shared),
+                silo,
+            }));
+        }
+        let silos = Arc::new(Mutex::new(silo.into_iter().collect::<Vec<_>>()));
+        let (stop, stop_rx) = watch::channel(false);
+        let (removed_tx, removed) = watch::channel(0u64);
+        let round = Round {
+            table: Arc::clone(&table),
+            clock,
+            silos: Arc::clone(&silos),
+            expiration: options.defunct_silo_expiration,
+            force: options.force_defunct_cleanup,
+            max_dead,
+            call_timeout: options.effective_table_operation_timeout(),
+        };
+        let task = tokio::spawn(round.run(schedule, stop_rx, removed_tx));
+        let shared = Arc::new(Shared {
+            identity: identity.clone(),
+            settings,
+            table,
+            silos,
             stop,
-            task,
+            task: Mutex::new(Some(task)),
             removed,
+        });
+        registry.retain(|_, w| w.strong_count() > 0);
+        registry.insert(identity, Arc::downgrade(&shared));
+        Ok(Ok(DefunctCleanup {
+            shared: Some(shared),
+            silo,
         }))
     }
 
-    /// False while storage-side expiry covers the cleanup (asked now) and it is not forced: the
-    /// task is idle.
+    /// True when a round removes entries: the age limit is not covered by storage-side expiry
+    /// (asked now) or is forced, or a count limit is set and a silo is attached.
     pub fn is_active(&self) -> bool {
-        self.force || !self.table.storage_expiry().covers_defunct_cleanup
+        self.shared.as_ref().is_some_and(|s| {
+            s.settings.force
+                || !s.table.storage_expiry().covers_defunct_cleanup
+                || (s.settings.max_dead.is_some() && !lock(&s.silos).is_empty())
+        })
     }
 
-    /// Total entries removed so far, updated after each run.
+    /// Total entries the shared cleanup removed so far, updated after each run.
     pub fn removed(&self) -> watch::Receiver<u64> {
-        self.removed.clone()
+        match &self.shared {
+            Some(s) => s.removed.clone(),
+            None => watch::channel(0).1,
+        }
     }
 
-    /// Stops the task and waits for it.
-    pub async fn stop(self) {
-        let _ = self.stop.send(true);
-        let _ = self.task.await;
+    /// Detaches this handle; when it was the last one, stops the task and waits for it.
+    pub async fn stop(mut self) {
+        if let Some(task) = self.detach() {
+            let _ = task.await;
+        }
+    }
+
+    /// Detaches; the last handle signals the task to stop and returns it.
+    fn detach(&mut self) -> Option<JoinHandle<()>> {
+        let shared = self.shared.take()?;
+        let mut registry = lock(&SHARED);
+        if let Some(silo) = self.silo {
+            let mut silos = lock(&shared.silos);
+            if let Some(i) = silos.iter().position(|s| *s == silo) {
+                silos.swap_remove(i);
+            }
+        }
+        match Arc::try_unwrap(shared) {
+            Ok(last) => {
+                if registry
+                    .get(&last.identity)
+                    .is_some_and(|w| w.strong_count() == 0)
+                {
+                    registry.remove(&last.identity);
+                }
+                let _ = last.stop.send(true);
+                lock(&last.task).take()
+            }
+            // Dropped here, under the lock: another handle still holds it.
+            Err(_) => None,
+        }
+    }
+}
+
+impl Drop for DefunctCleanup {
+    /// A dropped handle detaches; the last one stops the task (without waiting for it).
+    fn drop(&mut self) {
+        drop(self.detach());
+    }
+}
+
+/// What one cleanup task needs for its rounds.
+struct Round {
+    table: Arc<dyn MembershipTable>,
+    clock: Arc<dyn Clock>,
+    silos: Arc<Mutex<Vec<SiloAddress>>>,
+    expiration: Duration,
+    force: bool,
+    max_dead: Option<u64>,
+    call_timeout: Duration,
+}
+
+impl Round {
+    async fn run(
+        self,
+        schedule: CleanupSchedule,
+        mut stop_rx: watch::Receiver<bool>,
+        removed_tx: watch::Sender<u64>,
+    ) {
+        let table = &self.table;
+        let mut delay = schedule.first_delay(rand::random::<f64>());
+        let mut total = 0u64;
+        let mut was_covered = table.storage_expiry().covers_defunct_cleanup && !self.force;
+        if was_covered {
+            info!(
+                cluster = table.cluster_id(),
+                "storage-side expiry removes defunct entries by age; the age limit of the periodic cleanup is idle (re-checked every period)"
+            );
+        }
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stop_rx.changed() => return,
+            }
+            delay = schedule.next_delay(rand::random::<f64>());
+            // Read every period: a table can stop being covered while the silo runs (a
+            // renewal finds rows without TTL), and must then be cleaned.
+            let covered = table.storage_expiry().covers_defunct_cleanup && !self.force;
+            if covered != was_covered {
+                info!(
+                    cluster = table.cluster_id(),
+                    covered,
+                    "storage-side expiry covers the defunct cleanup's age limit: {covered}; the age limit {}",
+                    if covered { "is idle" } else { "runs" }
+                );
+                was_covered = covered;
+            }
+            let by_age = (!covered).then(|| self.clock.now().saturating_sub(self.expiration));
+            // Bounded like every runtime call, and abandoned on stop: a hung call must not hold
+            // up `Silo::leave` (the next period, or another process, runs it again).
+            let by_count = tokio::select! {
+                c = self.count_cutoff() => c,
+                _ = stop_rx.changed() => return,
+            };
+            let Some(before) = by_age.max(by_count) else {
+                continue;
+            };
+            let run = bounded(
+                "cleanup_defunct",
+                true,
+                self.call_timeout,
+                table.cleanup_defunct(before),
+            );
+            let outcome = tokio::select! {
+                r = run => r,
+                _ = stop_rx.changed() => return,
+            };
+            match outcome {
+                Ok(n) => {
+                    total += n as u64;
+                    if n > 0 {
+                        info!(
+                            cluster = table.cluster_id(),
+                            removed = n,
+                            by_count = by_count >= by_age,
+                            "cleaned defunct entries"
+                        );
+                    }
+                    let _ = removed_tx.send(total);
+                }
+                Err(e) => {
+                    warn!(cluster = table.cluster_id(), error = %e, "defunct cleanup failed; next period retries")
+                }
+            }
+        }
+    }
+
+    /// The Dead-entry limit's cutoff, when a local silo is the first Active one and the table
+    /// holds too many Dead entries.
+    async fn count_cutoff(&self) -> Option<Timestamp> {
+        let max = self.max_dead?;
+        if lock(&self.silos).is_empty() {
+            return None;
+        }
+        let read = bounded("read_all", false, self.call_timeout, self.table.read_all()).await;
+        let snapshot = match read {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(cluster = self.table.cluster_id(), error = %e, "the defunct cleanup could not read the table for max_defunct_silo_entries; next period retries");
+                return None;
+            }
+        };
+        let entries = || snapshot.rows.iter().map(|r| &r.entry);
+        let first = first_active_silo(entries())?;
+        if !lock(&self.silos).contains(&first) {
+            return None;
+        }
+        excess_dead_cutoff(entries(), max)
     }
 }
 
@@ -229,6 +491,68 @@ mod tests {
         assert_eq!(s.first_delay(0.5), Duration::from_secs(1800));
         assert_eq!(s.next_delay(0.0), Duration::from_secs(3600));
         assert_eq!(s.next_delay(1.0), Duration::from_secs(3900));
+    }
+
+    fn at(address: &str, status: SiloStatus, millis: i64) -> MembershipEntry {
+        MembershipEntry::new(
+            address.parse().unwrap(),
+            status,
+            Timestamp::from_millis(millis),
+        )
+    }
+
+    #[test]
+    fn the_cutoff_is_one_tick_after_the_newest_dead_entry_beyond_the_limit() {
+        let entries = [
+            at("10.0.0.1:1@1", SiloStatus::Dead, 100),
+            at("10.0.0.2:1@1", SiloStatus::Dead, 300),
+            at("10.0.0.3:1@1", SiloStatus::Dead, 200),
+            at("10.0.0.4:1@1", SiloStatus::Joining, 50),
+            at("10.0.0.5:1@1", SiloStatus::Active, 10),
+        ];
+        assert_eq!(excess_dead_cutoff(&entries, 3), None, "within the limit");
+        assert_eq!(
+            excess_dead_cutoff(&entries, 2),
+            Some(Timestamp::from_millis(101))
+        );
+        assert_eq!(
+            excess_dead_cutoff(&entries, 1),
+            Some(Timestamp::from_millis(201))
+        );
+        assert_eq!(
+            excess_dead_cutoff(&entries, 0),
+            Some(Timestamp::from_millis(301))
+        );
+        assert_eq!(TIMESTAMP_TICK, Duration::from_millis(1));
+        let mut voted = at("10.0.0.6:1@1", SiloStatus::Dead, 0);
+        voted.suspect_times.push(crate::model::SuspectTime {
+            suspecting_silo: "10.0.0.5:1@1".parse().unwrap(),
+            time: Timestamp::from_millis(400),
+        });
+        let ranked = [entries[0].clone(), voted];
+        assert_eq!(
+            excess_dead_cutoff(&ranked, 1),
+            Some(Timestamp::from_millis(101)),
+            "a recent vote ranks an entry as recent"
+        );
+    }
+
+    #[test]
+    fn silos_are_ordered_by_generation_then_port_then_address() {
+        let a = |s: &str| -> SiloAddress { s.parse().unwrap() };
+        let order = |x: &str, y: &str| silo_address_order(&a(x), &a(y));
+        assert_eq!(order("10.0.0.9:9@1", "10.0.0.1:1@2"), Ordering::Less);
+        assert_eq!(order("10.0.0.9:1@1", "10.0.0.1:2@1"), Ordering::Less);
+        assert_eq!(order("10.0.0.1:1@1", "10.0.0.2:1@1"), Ordering::Less);
+        assert_eq!(order("10.0.0.1:1@1", "[::1]:1@1"), Ordering::Less);
+        assert_eq!(order("10.0.0.1:1@1", "10.0.0.1:1@1"), Ordering::Equal);
+        let entries = [
+            at("10.0.0.1:1@5", SiloStatus::Active, 0),
+            at("10.0.0.2:1@3", SiloStatus::Active, 0),
+            at("10.0.0.3:1@1", SiloStatus::Dead, 0),
+        ];
+        assert_eq!(first_active_silo(&entries), Some(a("10.0.0.2:1@3")));
+        assert_eq!(first_active_silo(&entries[2..]), None);
     }
 
     #[test]

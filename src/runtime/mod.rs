@@ -3,7 +3,9 @@
 //!
 //! A host runs [`Silo`](crate::Silo) and watches its [`SiloHealth`](crate::SiloHealth) (both at
 //! the crate root). Public here are the pieces a host assembling its own runtime needs: the
-//! [`DefunctCleanup`] task and the versioned [`protocol`] steps.
+//! [`DefunctCleanup`] task (shared by a process's silos on a table), the rule of
+//! `max_defunct_silo_entries` ([`remove_excess_dead_entries`] and its pure parts) and the
+//! versioned [`protocol`] steps.
 
 mod cleanup;
 pub(crate) mod health;
@@ -13,4 +15,7 @@ mod planner;
 pub mod protocol;
 pub(crate) mod silo;
 
-pub use cleanup::{CleanupNotStarted, DefunctCleanup};
+pub use cleanup::{
+    CleanupNotStarted, DefunctCleanup, TIMESTAMP_TICK, excess_dead_cutoff, first_active_silo,
+    remove_excess_dead_entries, silo_address_order,
+};

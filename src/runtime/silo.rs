@@ -121,8 +121,9 @@ impl SiloBuilder {
         self
     }
 
-    /// Validates the table's membership options and registers the defunct cleanup (unless
-    /// storage expiry covers it) before anything is written; then initializes the table,
+    /// Validates the table's membership options and attaches to this process's defunct
+    /// cleanup of the table (starting it for the first silo; [`DefunctCleanup`] — refused when
+    /// its options differ) before anything is written; then initializes the table,
     /// inserts the entry as Joining (its start and I-am-alive times the clock's now), moves it
     /// to Active, and starts the heartbeat and the failure detector (every publish period; it
     /// also watches this silo's own row). Conflicts, reads that give up and calls that time
@@ -140,8 +141,14 @@ impl SiloBuilder {
         let options = table.membership_options().clone();
         options.validate()?;
         entry.start_time = clock.now();
-        // Not started when disabled or when storage expiry covers it (see CleanupNotStarted).
-        let cleanup = DefunctCleanup::spawn(Arc::clone(&table), &options, Arc::clone(&clock))?.ok();
+        // Shared with this process's other silos on the table; none when disabled.
+        let cleanup = DefunctCleanup::spawn_for(
+            Arc::clone(&table),
+            &options,
+            Arc::clone(&clock),
+            entry.address,
+        )?
+        .ok();
         let limits = ProtocolLimits::from_options(&options);
         match Silo::enter(&table, entry, &clock, &limits).await {
             Ok(joined) => Ok(Silo::start(table, joined, options, clock, cleanup, limits)),
@@ -350,8 +357,9 @@ impl Silo {
         self.heartbeat.health()
     }
 
-    /// True when this process runs the periodic defunct cleanup for the cluster (and storage
-    /// does not cover it, as of the cleanup's last period).
+    /// True when this silo takes part in the periodic defunct cleanup this process's silos on
+    /// the table share, and its rounds remove entries: the age limit is not covered by storage
+    /// expiry (asked now), or `max_defunct_silo_entries` is set.
     pub fn runs_defunct_cleanup(&self) -> bool {
         self.cleanup.as_ref().is_some_and(DefunctCleanup::is_active)
     }
@@ -390,10 +398,8 @@ impl Silo {
     pub fn crash(self) {
         self.heartbeat.abort();
         self.detector.abort();
-        // Dropping the cleanup handle leaves its task running until the runtime ends; stop it.
-        if let Some(c) = self.cleanup {
-            tokio::spawn(c.stop());
-        }
+        // Detaches from the shared cleanup (the last silo's handle stops it).
+        drop(self.cleanup);
     }
 
     /// Waits until the heartbeat stops for good or `timeout` passes; returns the last health.

@@ -4,8 +4,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cassandra_membership::runtime::protocol;
 use cassandra_membership::{
-    MembershipOptions, MembershipTable, Silo, SiloAddress, SiloHealth, SiloStatus, Timestamp,
+    MembershipEntry, MembershipOptions, MembershipTable, Silo, SiloAddress, SiloHealth, SiloStatus,
+    Timestamp,
 };
 
 use crate::utils::{options, session_with_keyspace, table_on, unique};
@@ -16,6 +18,8 @@ async fn silos_join_detect_a_crash_leave_and_the_cluster_expires() {
     let mut m = MembershipOptions::default();
     m.i_am_alive_table_publish_timeout = Duration::from_millis(500);
     m.defunct_silo_expiration = Duration::from_secs(4);
+    // The age limit only: storage expiry covers it (the count limit would run regardless).
+    m.max_defunct_silo_entries = None;
     let mut o = options(&unique("runtime"))
         .table("membership_ttl4")
         .ttl(true)
@@ -98,4 +102,82 @@ async fn silos_join_detect_a_crash_leave_and_the_cluster_expires() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// The Dead entries of `table`.
+async fn dead(table: &dyn MembershipTable) -> Vec<SiloAddress> {
+    let mut dead: Vec<_> = table
+        .read_all()
+        .await
+        .unwrap()
+        .rows
+        .iter()
+        .filter(|r| r.entry.status == SiloStatus::Dead)
+        .map(|r| r.entry.address)
+        .collect();
+    dead.sort();
+    dead
+}
+
+/// Polls `table`'s Dead entries for up to `limit` until they are `want`.
+async fn wait_dead(table: &dyn MembershipTable, want: &[SiloAddress], limit: Duration) {
+    let started = Instant::now();
+    loop {
+        let now = dead(table).await;
+        if now == want {
+            return;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "Dead entries {now:?}, expected {want:?} within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Issues 24 and 25 on the real node: two silos of one process join one table with one cleanup
+/// between them, which keeps `max_defunct_silo_entries` Dead entries — the newest — and goes on
+/// after the silo that started it left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_silos_share_one_cleanup_which_keeps_the_newest_dead_entries() {
+    let s = session_with_keyspace().await;
+    let m = MembershipOptions::default()
+        .defunct_silo_cleanup_period(Some(Duration::from_secs(1)))
+        .defunct_silo_cleanup_jitter(Duration::ZERO)
+        .max_defunct_silo_entries(Some(1));
+    let table: Arc<dyn MembershipTable> = Arc::new(table_on(
+        &s,
+        options(&unique("shared-cleanup")).membership(m.clone()),
+    ));
+    table.initialize(true).await.unwrap();
+    let now = Timestamp::now();
+    let mut old = Vec::new();
+    for (n, minutes) in [(1u8, 3u64), (2, 2), (3, 1)] {
+        let a: SiloAddress = format!("10.0.0.{n}:11111@1").parse().unwrap();
+        let mut e = MembershipEntry::new(a, SiloStatus::Dead, now);
+        e.start_time = now.saturating_sub(Duration::from_secs(60 * minutes));
+        e.i_am_alive_time = e.start_time;
+        protocol::join(table.as_ref(), &e).await.unwrap();
+        old.push(a);
+    }
+    let generation = SiloAddress::generation_at(Timestamp::now());
+    let mut silos = Vec::new();
+    for port in [13001u16, 13002] {
+        let a = SiloAddress::new(format!("127.0.0.1:{port}").parse().unwrap(), generation).unwrap();
+        let silo = Silo::join(Arc::clone(&table), a)
+            .await
+            .unwrap_or_else(|e| panic!("{a} could not join: {e}"));
+        assert!(silo.runs_defunct_cleanup());
+        silos.push(silo);
+    }
+    // 127.0.0.1:13001 is the first Active silo: the shared cleanup prunes to the newest one.
+    wait_dead(table.as_ref(), &[old[2]], Duration::from_secs(10)).await;
+    // The silo that started the cleanup leaves and is the newest Dead entry: the cleanup,
+    // now on behalf of the other silo alone, prunes the rest.
+    let first = silos.remove(0);
+    let first_address = first.address();
+    first.leave().await.unwrap();
+    wait_dead(table.as_ref(), &[first_address], Duration::from_secs(10)).await;
+    silos.pop().unwrap().leave().await.unwrap();
+    table.delete_cluster(table.cluster_id()).await.unwrap();
 }

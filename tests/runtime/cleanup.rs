@@ -7,14 +7,17 @@ use std::time::Duration;
 use cassandra_membership::conformance::faults::{Injection, Operation};
 use cassandra_membership::runtime::{DefunctCleanup, protocol};
 use cassandra_membership::{
-    Clock, InMemoryMembershipTable, MembershipError, MembershipOptions, MembershipTable,
-    SiloAddress, SiloStatus, Timestamp, TokioClock,
+    Clock, InMemoryMembershipTable, MembershipEntry, MembershipError, MembershipOptions,
+    MembershipTable, SiloAddress, SiloStatus, Timestamp, TokioClock,
 };
 
-use crate::utils::{entry, faulty, faulty_on_paused_clock_with, join, options, try_join};
+use crate::utils::{
+    address, entry, faulty, faulty_on_paused_clock, faulty_on_paused_clock_with, join, options,
+    try_join,
+};
 
 #[tokio::test(start_paused = true)]
-async fn defunct_cleanup_runs_once_per_period_and_only_once_per_process() {
+async fn defunct_cleanup_runs_once_per_period_and_is_shared_within_a_process() {
     let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
     let table = Arc::new(InMemoryMembershipTable::new("cleanup").with_clock(clock.clone()));
     table.initialize(true).await.unwrap();
@@ -27,22 +30,23 @@ async fn defunct_cleanup_runs_once_per_period_and_only_once_per_process() {
     let cleanup = DefunctCleanup::spawn(table.clone(), &o, clock.clone())
         .unwrap()
         .unwrap();
-    let second = DefunctCleanup::spawn(table.clone(), &o, clock.clone());
-    assert!(
-        matches!(second, Err(MembershipError::InvalidConfiguration { .. })),
-        "one per process"
-    );
+    let second = DefunctCleanup::spawn(table.clone(), &o, clock.clone())
+        .unwrap()
+        .expect("a second handle attaches to the running cleanup");
     let mut removed = cleanup.removed();
     tokio::time::timeout(Duration::from_secs(3600), removed.wait_for(|n| *n == 1))
         .await
         .expect("the first run falls within the first period")
         .unwrap();
+    assert_eq!(*second.removed().borrow(), 1, "one cleanup, seen by both");
     assert!(table.read_all().await.unwrap().rows.is_empty());
     cleanup.stop().await;
+    second.stop().await;
     // Once stopped, another may start.
     let again = DefunctCleanup::spawn(table.clone(), &o, clock.clone())
         .unwrap()
         .unwrap();
+    assert_eq!(*again.removed().borrow(), 0, "a fresh cleanup");
     again.stop().await;
 }
 
@@ -96,8 +100,8 @@ async fn cleanup_sleeps_while_storage_expiry_covers_it_and_runs_once_it_does_not
     cleanup.stop().await;
 }
 
-/// Unrelated tables do not share a cleanup registration, and a refused second cleanup
-/// on the same table leaves nothing written.
+/// Unrelated tables do not share a cleanup, and a silo whose cleanup options differ from the
+/// shared cleanup's (the first silo's) is refused before anything is written.
 #[tokio::test(start_paused = true)]
 async fn silos_on_unrelated_tables_with_the_same_cluster_id_both_join() {
     let clock = Arc::new(TokioClock::new());
@@ -115,10 +119,17 @@ async fn silos_on_unrelated_tables_with_the_same_cluster_id_both_join() {
         .await
         .expect("an unrelated table has its own cleanup");
     assert!(a.runs_defunct_cleanup() && b.runs_defunct_cleanup());
-    // The same table twice: refused, and before anything was written.
-    let refused = try_join(first.clone(), 3, &clock).await;
+    // The same table (another handle on its store) with another cleanup period: refused,
+    // naming the option, and before anything was written.
+    let other = Arc::new(
+        (*first).clone().with_options(
+            o.clone()
+                .defunct_silo_cleanup_period(Some(Duration::from_secs(60))),
+        ),
+    );
+    let refused = try_join(other, 3, &clock).await;
     assert!(
-        matches!(refused, Err(MembershipError::InvalidConfiguration { .. })),
+        matches!(&refused, Err(MembershipError::InvalidConfiguration { option, .. }) if option == "defunct_silo_cleanup_period"),
         "{refused:?}"
     );
     let third: SiloAddress = "10.0.0.3:11111@1".parse().unwrap();
@@ -155,4 +166,244 @@ async fn a_hung_defunct_cleanup_is_bounded_and_does_not_block_leave() {
             .status,
         SiloStatus::Dead
     );
+}
+
+/// Joins silo `n` on `table` (with the table's options) on the paused clock.
+async fn join_with(
+    table: Arc<impl MembershipTable + 'static>,
+    n: u8,
+    clock: &Arc<TokioClock>,
+) -> cassandra_membership::Silo {
+    try_join(table, n, clock)
+        .await
+        .unwrap_or_else(|e| panic!("silo {n} could not join: {e}"))
+}
+
+/// Issue 24: a host's own test of a three-silo cluster on the in-memory table, with the
+/// default options, in one process.
+#[tokio::test(start_paused = true)]
+async fn three_silos_of_one_process_join_one_table_with_the_default_options() {
+    let clock = Arc::new(TokioClock::new());
+    // `new` gives the table the default options.
+    let table = Arc::new(InMemoryMembershipTable::new("three").with_clock(clock.clone()));
+    let mut silos = Vec::new();
+    for n in 1..=3 {
+        silos.push(join_with(table.clone(), n, &clock).await);
+    }
+    for silo in &silos {
+        assert!(
+            silo.runs_defunct_cleanup(),
+            "{} shares the cleanup",
+            silo.address()
+        );
+        assert_eq!(silo.entry_status().await.unwrap(), Some(SiloStatus::Active));
+    }
+    for silo in silos {
+        silo.leave().await.unwrap();
+    }
+}
+
+/// The silos of a process share one cleanup of a table: one run per period however many
+/// silos are attached, still running after the silo that started it left, stopped with the
+/// last one.
+#[tokio::test(start_paused = true)]
+async fn silos_of_one_process_share_one_cleanup_which_outlives_its_starter_and_stops_with_the_last()
+{
+    let mut o = MembershipOptions::default();
+    let period = Duration::from_secs(60);
+    o.defunct_silo_cleanup_period = Some(period);
+    o.defunct_silo_cleanup_jitter = Duration::ZERO;
+    let (clock, table) = faulty_on_paused_clock_with(o);
+    let first = join_with(table.clone(), 1, &clock).await;
+    let second = join_with(table.clone(), 2, &clock).await;
+    let third = join_with(table.clone(), 3, &clock).await;
+    let runs = || table.calls(Operation::CleanupDefunct);
+    // The first run falls within the first period; then one per period.
+    tokio::time::sleep(period).await;
+    let start = runs();
+    tokio::time::sleep(10 * period).await;
+    let shared = runs() - start;
+    assert!(
+        (9..=11).contains(&shared),
+        "{shared} cleanup runs in 10 periods with three silos: exactly one cleanup runs"
+    );
+    // The silo that started it leaves: the cleanup goes on for the two others.
+    first.leave().await.unwrap();
+    let start = runs();
+    tokio::time::sleep(10 * period).await;
+    let after_first = runs() - start;
+    assert!(
+        (9..=11).contains(&after_first),
+        "{after_first} runs in 10 periods after the starter left"
+    );
+    assert!(second.runs_defunct_cleanup());
+    // One leaves, one crashes: the last one gone, the cleanup stops.
+    second.leave().await.unwrap();
+    third.crash();
+    tokio::time::sleep(period).await;
+    let settled = runs();
+    tokio::time::sleep(10 * period).await;
+    assert_eq!(
+        runs(),
+        settled,
+        "no cleanup runs after the last silo is gone"
+    );
+    // And a silo joining later starts a fresh one.
+    let fourth = join_with(table.clone(), 4, &clock).await;
+    tokio::time::sleep(2 * period).await;
+    assert!(runs() > settled, "a later silo starts the cleanup again");
+    fourth.leave().await.unwrap();
+}
+
+/// Entry `n` (10.0.0.n:11111@1) with `status`, last active `ago` before `clock`'s now.
+fn entry_ago(n: u8, status: SiloStatus, ago: Duration, clock: &dyn Clock) -> MembershipEntry {
+    let mut e = entry(n);
+    e.status = status;
+    e.start_time = clock.now().saturating_sub(ago);
+    e.i_am_alive_time = e.start_time;
+    e
+}
+
+async fn dead_entries(table: &dyn MembershipTable) -> std::collections::BTreeSet<SiloAddress> {
+    table
+        .read_all()
+        .await
+        .unwrap()
+        .rows
+        .iter()
+        .filter(|r| r.entry.status == SiloStatus::Dead)
+        .map(|r| r.entry.address)
+        .collect()
+}
+
+fn every_minute_keeping(max: i64) -> MembershipOptions {
+    MembershipOptions::default()
+        .defunct_silo_cleanup_period(Some(Duration::from_secs(60)))
+        .defunct_silo_cleanup_jitter(Duration::ZERO)
+        .max_defunct_silo_entries(Some(max))
+}
+
+/// Issue 25: only the first Active silo by address order applies `max_defunct_silo_entries`;
+/// a process whose silo is not first leaves the Dead entries alone, and once a first silo
+/// attaches to the shared cleanup, the oldest excess Dead entries go.
+#[tokio::test(start_paused = true)]
+async fn only_the_first_active_silo_removes_the_oldest_excess_dead_entries() {
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
+    let table = Arc::new(InMemoryMembershipTable::new("dead-limit").with_clock(clock.clone()));
+    table.initialize(true).await.unwrap();
+    let minute = Duration::from_secs(60);
+    for n in [1, 2] {
+        let active = entry_ago(n, SiloStatus::Active, Duration::ZERO, clock.as_ref());
+        protocol::join(table.as_ref(), &active).await.unwrap();
+    }
+    // Six Dead entries, the newest (10.0.0.20) 1 min old, the oldest (10.0.0.25) 6 min old.
+    for k in 0..6u8 {
+        let dead = entry_ago(
+            20 + k,
+            SiloStatus::Dead,
+            u32::from(k + 1) * minute,
+            clock.as_ref(),
+        );
+        protocol::join(table.as_ref(), &dead).await.unwrap();
+    }
+    let o = every_minute_keeping(3);
+    let second = DefunctCleanup::spawn_for(table.clone(), &o, clock.clone(), address(2))
+        .unwrap()
+        .unwrap();
+    assert!(second.is_active());
+    tokio::time::sleep(5 * minute).await;
+    assert_eq!(
+        dead_entries(table.as_ref()).await.len(),
+        6,
+        "10.0.0.2 is not the first Active silo: it removes no Dead entry"
+    );
+    let first = DefunctCleanup::spawn_for(table.clone(), &o, clock.clone(), address(1))
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(2 * minute).await;
+    assert_eq!(
+        dead_entries(table.as_ref()).await,
+        [address(20), address(21), address(22)].into(),
+        "the three newest Dead entries stay"
+    );
+    assert_eq!(*first.removed().borrow(), 3);
+    first.stop().await;
+    second.stop().await;
+}
+
+/// The count limit is not the age limit: storage-side expiry removes entries by age and never
+/// bounds how many Dead ones a churning cluster keeps, so the count limit runs while storage
+/// expiry covers the age limit.
+#[tokio::test(start_paused = true)]
+async fn the_dead_entry_limit_runs_while_storage_expiry_covers_the_age_limit() {
+    let (clock, table) = faulty_on_paused_clock();
+    table.set_covers_defunct_cleanup(Some(true));
+    table.initialize(true).await.unwrap();
+    let minute = Duration::from_secs(60);
+    let active = entry_ago(1, SiloStatus::Active, Duration::ZERO, clock.as_ref());
+    protocol::join(table.as_ref(), &active).await.unwrap();
+    for k in 0..5u8 {
+        let dead = entry_ago(
+            20 + k,
+            SiloStatus::Dead,
+            u32::from(k + 1) * minute,
+            clock.as_ref(),
+        );
+        protocol::join(table.as_ref(), &dead).await.unwrap();
+    }
+    let cleanup = DefunctCleanup::spawn_for(
+        table.clone(),
+        &every_minute_keeping(2),
+        clock.clone(),
+        address(1),
+    )
+    .unwrap()
+    .unwrap();
+    assert!(cleanup.is_active(), "the count limit cleans");
+    tokio::time::sleep(2 * minute).await;
+    assert_eq!(
+        dead_entries(table.as_ref()).await,
+        [address(20), address(21)].into()
+    );
+    let calls = table.calls(Operation::CleanupDefunct);
+    assert_eq!(
+        calls, 1,
+        "one call removed the excess; within the limit, none"
+    );
+    tokio::time::sleep(5 * minute).await;
+    assert_eq!(table.calls(Operation::CleanupDefunct), calls);
+    cleanup.stop().await;
+    // Off, the cleanup is idle while storage covers the age limit.
+    let o = every_minute_keeping(2).max_defunct_silo_entries(None);
+    let idle = DefunctCleanup::spawn_for(table.clone(), &o, clock.clone(), address(1))
+        .unwrap()
+        .unwrap();
+    assert!(!idle.is_active());
+    idle.stop().await;
+}
+
+/// End to end: silos that leave become Dead entries; the first Active silo of the process keeps
+/// only the newest `max_defunct_silo_entries` of them.
+#[tokio::test(start_paused = true)]
+async fn silos_that_left_are_pruned_down_to_the_dead_entry_limit() {
+    let (clock, table) = faulty_on_paused_clock_with(every_minute_keeping(2));
+    let mut silos = Vec::new();
+    for n in 1..=5 {
+        silos.push(join_with(table.clone(), n, &clock).await);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    // 10.0.0.3, .4 and .5 leave, in that order, a second apart: .3 is the oldest Dead entry.
+    for silo in silos.split_off(2) {
+        silo.leave().await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(dead_entries(table.as_ref()).await.len(), 3);
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(
+        dead_entries(table.as_ref()).await,
+        [address(4), address(5)].into()
+    );
+    for silo in silos {
+        silo.leave().await.unwrap();
+    }
 }

@@ -126,3 +126,26 @@ async fn sustained_unavailability_reaches_rio_after_retry_for() {
     t.clear(down);
     assert_eq!(s.members().await.unwrap().len(), 1, "works again");
 }
+
+/// A write whose answer is lost (`OutcomeUnknown`: it applied) does not reach rio either: the
+/// adapter re-reads, finds what it wrote, and is done — `is_transient()` excludes unknown
+/// outcomes, and the adapter retries them on purpose, since each step re-reads first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_outcomes_are_settled_by_re_reading_and_do_not_reach_rio() {
+    let (s, t) = flaky(RioStorageOptions::default()).await;
+    let lost = |n: u64| {
+        t.clear_all();
+        t.inject(Injection::answer_lost(Calls::conditional_writes()).times(n));
+    };
+    lost(2);
+    s.push(member(7004)).await.expect("push");
+    assert_eq!(s.members().await.unwrap().len(), 1);
+    lost(2);
+    s.set_inactive("127.0.0.1", "7004")
+        .await
+        .expect("set_inactive");
+    assert!(!s.members().await.unwrap()[0].active());
+    lost(2);
+    s.remove("127.0.0.1", "7004").await.expect("remove");
+    assert!(s.members().await.unwrap().is_empty());
+}
