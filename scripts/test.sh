@@ -189,6 +189,8 @@ fi
 # One thread: the log-capture test installs a thread-scoped tracing subscriber, and tracing's
 # per-callsite interest cache is shared with whatever other test threads log at the same time.
 cargo test --features rustls --test cassandra secure:: -- --test-threads 1
+# The CLI over TLS (--tls-ca, --tls-server-name, the [tls] section) and its exit codes there.
+cargo test -p cassandra-membership-cli --test secure
 if [ "$secure_started_here" = 1 ] && [ -z "${KEEP_CASSANDRA:-}" ]; then
   # Two cores: the ring below needs the room.
   scripts/cassandra.sh stop 9

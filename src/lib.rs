@@ -47,6 +47,7 @@ mod table;
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
 
+pub use cassandra::TlsOptions;
 pub use cassandra::{
     CassandraClusteringOptions, CassandraMembershipTable, ClusterInspection, ConsistencyProfile,
     Credentials, EXPIRY_HORIZON_UNIX_SECONDS, EntryInspection, MAX_TTL_SECONDS, PatchAction,

@@ -2,38 +2,39 @@
 //! Cassandra. A thin layer over the library's public API: every read and write is the
 //! provider's own, configured from the same options file a silo host loads.
 //!
-//! Exit codes: 0 ok, 1 the operation failed, 2 usage or configuration error.
+//! Exit codes: see `config::AFTER_HELP` (shown by `--help`).
 
 mod config;
+mod logging;
+mod remove;
 mod report;
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cassandra_membership::{
     CassandraClusteringOptions, CassandraMembershipTable, ConsistencyProfile, MembershipTable,
     PatchAction, Timestamp, TtlMismatchPolicy,
 };
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{ArgAction, CommandFactory, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 
-use config::{CliError, Overrides, Scope};
-use report::{AuditReport, ClusterReport, MembersReport};
+use config::{CliError, Overrides, Scope, Source};
+use report::{AuditReport, ClusterReport, ClustersReport, Document, MembersReport};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "cassandra-membership",
     version,
     about = "See, audit, patch and clean Orleans-style membership tables in Cassandra",
-    after_help = "Credentials come from the config file's [credentials] or from \
-                  CASSANDRA_MEMBERSHIP_USERNAME and CASSANDRA_MEMBERSHIP_PASSWORD; they are never printed.\n\
-                  Exit codes: 0 ok, 1 operation failed, 2 usage or configuration error (also access denied, \
-                  a missing service or cluster id, and a keyspace or table that does not exist or has another shape)."
+    after_help = config::AFTER_HELP
 )]
 struct Cli {
     /// The provider's TOML options file (the same one a silo host loads); flags override it.
+    /// Default: $XDG_CONFIG_HOME/cassandra-membership/config.toml (or
+    /// ~/.config/cassandra-membership/config.toml) when that file exists.
     #[arg(
         long,
         global = true,
@@ -41,6 +42,15 @@ struct Cli {
         value_name = "FILE"
     )]
     config: Option<PathBuf>,
+    /// Read the options from this table of the file, `a.b` for `[a.b]` (an application's own
+    /// config file, with the provider's options nested in it).
+    #[arg(
+        long,
+        global = true,
+        env = "CASSANDRA_MEMBERSHIP_CONFIG_KEY",
+        value_name = "A.B"
+    )]
+    config_key: Option<String>,
     /// Nodes to contact, `host:port`, comma-separated.
     #[arg(
         long,
@@ -59,10 +69,12 @@ struct Cli {
     /// The Orleans ServiceId; no default (members, watch, cleanup, delete-cluster need it).
     #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_SERVICE")]
     service: Option<String>,
-    /// The Orleans ClusterId the command works on; no default (members, watch, cleanup need it).
+    /// The Orleans ClusterId the command works on; no default (members, watch, cleanup,
+    /// declare-dead need it).
     #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_CLUSTER")]
     cluster: Option<String>,
-    /// Consistency levels: quorum (QUORUM + SERIAL) or local-quorum (LOCAL_QUORUM + LOCAL_SERIAL).
+    /// Consistency levels: quorum (QUORUM + SERIAL) or local_quorum (LOCAL_QUORUM +
+    /// LOCAL_SERIAL), spelt as in the config file (`local-quorum` is accepted too).
     #[arg(
         long,
         global = true,
@@ -70,7 +82,7 @@ struct Cli {
         value_enum
     )]
     consistency: Option<Consistency>,
-    /// The data centre that coordinates every statement (required with local-quorum; with
+    /// The data centre that coordinates every statement (required with local_quorum; with
     /// quorum, tried first): the name `nodetool status` prints, e.g. dc1.
     #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_LOCAL_DATACENTER")]
     local_datacenter: Option<String>,
@@ -89,9 +101,52 @@ struct Cli {
         value_name = "BOOL"
     )]
     ttl: Option<bool>,
-    /// Print JSON (stable field names) instead of tables.
+    /// TLS: PEM file of the CA (or the nodes' certificates) to trust; turns TLS on. The config
+    /// file's `[tls]` section (ca_file, cert_file, key_file, server_name, verify) does the same;
+    /// its relative paths are relative to the file's directory.
+    #[arg(
+        long,
+        global = true,
+        env = "CASSANDRA_MEMBERSHIP_TLS_CA",
+        value_name = "PEM"
+    )]
+    tls_ca: Option<PathBuf>,
+    /// TLS: PEM file of the client certificate, for clusters that require one (with --tls-key).
+    #[arg(
+        long,
+        global = true,
+        env = "CASSANDRA_MEMBERSHIP_TLS_CERT",
+        value_name = "PEM"
+    )]
+    tls_cert: Option<PathBuf>,
+    /// TLS: PEM file of the client certificate's private key (with --tls-cert).
+    #[arg(
+        long,
+        global = true,
+        env = "CASSANDRA_MEMBERSHIP_TLS_KEY",
+        value_name = "PEM"
+    )]
+    tls_key: Option<PathBuf>,
+    /// TLS: the name every node's certificate must carry (default: the contact points' host
+    /// when they all name one DNS host, else each node's IP address).
+    #[arg(
+        long,
+        global = true,
+        env = "CASSANDRA_MEMBERSHIP_TLS_SERVER_NAME",
+        value_name = "NAME"
+    )]
+    tls_server_name: Option<String>,
+    /// Print JSON (stable field names) instead of tables: one object per document, with a
+    /// "schema" version field.
     #[arg(long, global = true)]
     json: bool,
+    /// More log on stderr: -v info, -vv debug, -vvv trace (the driver's and the provider's).
+    /// RUST_LOG, when set, takes precedence (e.g. RUST_LOG=scylla=debug). Default: warnings.
+    #[arg(short, long, global = true, action = ArgAction::Count)]
+    verbose: u8,
+    /// Show progress on stderr once a scan has taken this long.
+    #[arg(long, global = true, default_value = "1s", value_parser = humantime::parse_duration, hide = true)]
+    progress_after: Duration,
     #[command(subcommand)]
     command: Command,
 }
@@ -99,6 +154,8 @@ struct Cli {
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Consistency {
     Quorum,
+    /// LOCAL_QUORUM + LOCAL_SERIAL.
+    #[value(name = "local_quorum", alias = "local-quorum")]
     LocalQuorum,
 }
 
@@ -108,19 +165,35 @@ enum Command {
     /// remaining TTL of the version.
     Clusters,
     /// One line per entry of the cluster: status, names, zones, last I-am-alive, suspicions, TTL.
+    /// A cluster with no version and no entries is "no such cluster" (exit 1).
     Members,
     /// The TTL audit: table default vs configuration, rows that disagree, what patch would do.
     /// Writes nothing.
     Audit,
     /// Applies the `patch` TTL policy (as a silo's initialize would) and shows what it changed.
     /// Needs `ttl` set explicitly (config file or --ttl): the table default it alters is shared
-    /// by every cluster of the table. Shows the audit and refuses without --yes.
+    /// by every cluster of the table. Shows the audit and refuses without --yes (exit 3).
     Patch {
         /// Really patch.
         #[arg(long)]
         yes: bool,
     },
-    /// Removes entries that are not Active and show no activity for this long (cleanup_defunct).
+    /// Declares one silo of the cluster Dead, as the silos' own failure detector would: a
+    /// versioned write of its entry (status Dead) at the table version read, retried a few
+    /// times when a silo writes in between. Shows the entry and refuses without --yes (exit 3).
+    /// The silo itself stops when it reads its entry (it is fenced); the entry stays until
+    /// cleanup or expiry removes it.
+    DeclareDead {
+        /// The silo's address as `members` prints it, e.g. 10.0.0.7:11111@120000000.
+        #[arg(value_name = "SILO")]
+        silo: String,
+        /// Really declare it dead.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Removes entries that are not Active and show no activity for this long (the library's
+    /// cleanup_defunct rule: no I-am-alive, start or suspicion since the cutoff). Lists what it
+    /// would remove and refuses without --yes (exit 3); --dry-run only lists.
     Cleanup {
         /// e.g. "7d", "12h". At least 1h unless --force: a shorter cutoff would remove silos that
         /// are starting (Joining) or shutting down right now.
@@ -129,8 +202,15 @@ enum Command {
         /// Allow --older-than below 1h.
         #[arg(long)]
         force: bool,
+        /// List what would be removed; remove nothing.
+        #[arg(long, conflicts_with = "yes")]
+        dry_run: bool,
+        /// Really remove.
+        #[arg(long)]
+        yes: bool,
     },
-    /// Deletes a whole cluster (its entries and version). Shows what it deletes; needs --yes.
+    /// Deletes a whole cluster (its entries and version). Shows what it deletes; refuses
+    /// without --yes (exit 3).
     DeleteCluster {
         /// The cluster id to delete.
         #[arg(value_name = "CLUSTER")]
@@ -148,10 +228,30 @@ enum Command {
         #[arg(long)]
         iterations: Option<u64>,
     },
+    /// Prints the shell completion script, e.g. `cassandra-membership completions bash >
+    /// /etc/bash_completion.d/cassandra-membership`. Connects to nothing.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse(); // exits 2 on usage errors, 0 for --help / --version
+    if let Command::Completions { shell } = cli.command {
+        clap_complete::generate(
+            shell,
+            &mut Cli::command(),
+            "cassandra-membership",
+            &mut std::io::stdout(),
+        );
+        return ExitCode::SUCCESS;
+    }
+    if let Err(e) = logging::init(cli.verbose, std::env::var("RUST_LOG").ok()) {
+        eprintln!("error: {e}");
+        return ExitCode::from(e.exit_code());
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -176,14 +276,19 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         options,
         ttl_explicit,
     } = config::resolve(
-        cli.config.as_deref(),
+        Source {
+            file: cli.config.as_deref(),
+            key: cli.config_key.as_deref(),
+        },
         Overrides {
             scope: match cli.command {
                 Command::Clusters | Command::Audit | Command::Patch { .. } => Scope::Table,
                 Command::DeleteCluster { .. } => Scope::Service,
-                Command::Members | Command::Cleanup { .. } | Command::Watch { .. } => {
-                    Scope::Cluster
-                }
+                Command::Members
+                | Command::DeclareDead { .. }
+                | Command::Cleanup { .. }
+                | Command::Watch { .. }
+                | Command::Completions { .. } => Scope::Cluster,
             },
             contact_points: cli.contact_points,
             keyspace: cli.keyspace,
@@ -198,6 +303,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             request_timeout: cli.request_timeout,
             connect_timeout: cli.connect_timeout,
             ttl: cli.ttl,
+            tls_ca: cli.tls_ca,
+            tls_cert: cli.tls_cert,
+            tls_key: cli.tls_key,
+            tls_server_name: cli.tls_server_name,
         },
         |name| std::env::var(name).ok(),
     )?;
@@ -210,12 +319,28 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 .into(),
         ));
     }
+    if let Command::Cleanup {
+        older_than, force, ..
+    } = cli.command
+        && older_than < remove::CLEANUP_FLOOR
+        && !force
+    {
+        return Err(CliError::Usage(format!(
+            "cleanup --older-than {} would remove entries of silos that are starting or \
+             stopping right now; use at least {} (or add --force)",
+            humantime::format_duration(older_than),
+            humantime::format_duration(remove::CLEANUP_FLOOR)
+        )));
+    }
     let table = connect(options).await?;
     let json = cli.json;
     match cli.command {
-        Command::Clusters => clusters(&table, json).await,
+        Command::Clusters => clusters(&table, json, cli.progress_after).await,
         Command::Members => {
             let m = members(&table).await?;
+            if m.version.is_none() && m.members.is_empty() && m.unreadable.is_empty() {
+                return Err(remove::no_such_cluster(&table, table.cluster_id()));
+            }
             print(json, &m, || report::members_table(&m))
         }
         Command::Audit => {
@@ -223,22 +348,21 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             print(json, &a, || report::audit_text(&a))
         }
         Command::Patch { yes } => patch(&table, yes, json).await,
-        Command::Cleanup { older_than, force } => {
-            if older_than < CLEANUP_FLOOR && !force {
-                return Err(CliError::Usage(format!(
-                    "cleanup --older-than {} would remove entries of silos that are starting or \
-                     stopping right now; use at least {} (or add --force)",
-                    humantime::format_duration(older_than),
-                    humantime::format_duration(CLEANUP_FLOOR)
-                )));
-            }
-            cleanup(&table, older_than, json).await
+        Command::DeclareDead { silo, yes } => remove::declare_dead(&table, &silo, yes, json).await,
+        Command::Cleanup {
+            older_than,
+            dry_run,
+            yes,
+            ..
+        } => remove::cleanup(&table, older_than, dry_run, yes, json).await,
+        Command::DeleteCluster { target, yes } => {
+            remove::delete_cluster(&table, &target, yes, json).await
         }
-        Command::DeleteCluster { target, yes } => delete_cluster(&table, &target, yes, json).await,
         Command::Watch {
             interval,
             iterations,
         } => watch(&table, interval, iterations, json).await,
+        Command::Completions { .. } => Ok(()), // answered before connecting
     }
 }
 
@@ -249,6 +373,13 @@ async fn connect(
     // room for the library to report its own, more precise error) holds if it ever did not.
     let limit = options.connect_timeout + Duration::from_secs(1);
     let points = options.contact_points.join(",");
+    tracing::info!(
+        contact_points = %points,
+        keyspace = %options.keyspace,
+        table = %options.table,
+        tls = options.tls.is_some(),
+        "connecting"
+    );
     match tokio::time::timeout(limit, CassandraMembershipTable::connect(options)).await {
         Ok(r) => Ok(r?),
         Err(_) => Err(CliError::Failed(format!(
@@ -258,14 +389,14 @@ async fn connect(
     }
 }
 
-/// Prints `value` as JSON, or `text()` for people.
+/// Prints `value` as a JSON document (with its `schema` field), or `text()` for people.
 fn print<T: Serialize>(
     json: bool,
     value: &T,
     text: impl FnOnce() -> String,
 ) -> Result<(), CliError> {
     let out = if json {
-        serde_json::to_string_pretty(value)
+        serde_json::to_string_pretty(&Document::new(value))
             .map_err(|e| CliError::Failed(format!("cannot write JSON: {e}")))?
     } else {
         text()
@@ -276,10 +407,18 @@ fn print<T: Serialize>(
         .map_err(|e| CliError::Failed(format!("cannot write the output: {e}")))
 }
 
-async fn clusters(table: &CassandraMembershipTable, json: bool) -> Result<(), CliError> {
+async fn clusters(
+    table: &CassandraMembershipTable,
+    json: bool,
+    progress_after: Duration,
+) -> Result<(), CliError> {
     let mut reports = Vec::new();
     let mut failed = Vec::new();
-    for (service, cluster) in table.list_clusters().await? {
+    let started = Instant::now();
+    let list = table.list_clusters().await?;
+    let mut progress = Progress::new("clusters", list.len(), started, progress_after);
+    for (i, (service, cluster)) in list.into_iter().enumerate() {
+        progress.at(i, &format!("{service}/{cluster}"));
         // One damaged cluster must not hide the others: report it in its line.
         match table.inspect_cluster(&service, &cluster).await {
             Ok(c) => reports.push(ClusterReport::from_inspection(&c)),
@@ -293,7 +432,9 @@ async fn clusters(table: &CassandraMembershipTable, json: bool) -> Result<(), Cl
             }
         }
     }
-    print(json, &reports, || report::clusters_table(&reports))?;
+    progress.done();
+    let r = ClustersReport { clusters: reports };
+    print(json, &r, || report::clusters_table(&r.clusters))?;
     // What was read is printed; a script must still learn that the listing is incomplete.
     if failed.is_empty() {
         Ok(())
@@ -303,6 +444,70 @@ async fn clusters(table: &CassandraMembershipTable, json: bool) -> Result<(), Cl
             failed.len(),
             failed.join(", ")
         )))
+    }
+}
+
+/// Progress of a scan on stderr (never stdout, which may be JSON), once it has taken longer
+/// than `after`: a line rewritten in place on a terminal, a line per second otherwise.
+struct Progress {
+    what: &'static str,
+    total: usize,
+    started: Instant,
+    after: Duration,
+    last: Option<Instant>,
+    terminal: bool,
+}
+
+impl Progress {
+    fn new(what: &'static str, total: usize, started: Instant, after: Duration) -> Self {
+        Progress {
+            what,
+            total,
+            started,
+            after,
+            last: None,
+            terminal: std::io::stderr().is_terminal(),
+        }
+    }
+
+    /// `done` items are finished; `next` is being read.
+    fn at(&mut self, done: usize, next: &str) {
+        if self.started.elapsed() < self.after
+            || self
+                .last
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        self.last = Some(Instant::now());
+        let line = format!(
+            "{}: {done}/{} read, reading {next} ({:.1}s)",
+            self.what,
+            self.total,
+            self.started.elapsed().as_secs_f64()
+        );
+        if self.terminal {
+            eprint!("\r\x1b[K{line}");
+        } else {
+            eprintln!("{line}");
+        }
+    }
+
+    fn done(&self) {
+        if self.last.is_some() {
+            let line = format!(
+                "{}: {}/{} read in {:.1}s",
+                self.what,
+                self.total,
+                self.total,
+                self.started.elapsed().as_secs_f64()
+            );
+            if self.terminal {
+                eprintln!("\r\x1b[K{line}");
+            } else {
+                eprintln!("{line}");
+            }
+        }
     }
 }
 
@@ -341,7 +546,7 @@ async fn patch(table: &CassandraMembershipTable, yes: bool, json: bool) -> Resul
         // Say what would change before anything changes, like delete-cluster.
         let a = AuditReport::from_audit(&before);
         print(json, &a, || report::audit_text(&a))?;
-        return Err(CliError::Usage(format!(
+        return Err(CliError::Refused(format!(
             "refusing to patch {} without --yes (the audit above is what it would do)",
             table.qualified_table()
         )));
@@ -387,113 +592,6 @@ async fn patch(table: &CassandraMembershipTable, yes: bool, json: bool) -> Resul
     })
 }
 
-#[derive(Serialize)]
-struct CleanupReport {
-    service_id: String,
-    cluster_id: String,
-    older_than_seconds: u64,
-    cutoff: String,
-    removed: usize,
-}
-
-/// The shortest `cleanup --older-than` without `--force`.
-const CLEANUP_FLOOR: Duration = Duration::from_secs(3600);
-
-async fn cleanup(
-    table: &CassandraMembershipTable,
-    older_than: Duration,
-    json: bool,
-) -> Result<(), CliError> {
-    let cutoff = Timestamp::now().saturating_sub(older_than);
-    let removed = table.cleanup_defunct(cutoff).await?;
-    let r = CleanupReport {
-        service_id: table.options().service_id.clone(),
-        cluster_id: table.cluster_id().to_owned(),
-        older_than_seconds: older_than.as_secs(),
-        cutoff: cutoff.to_string(),
-        removed,
-    };
-    print(json, &r, || {
-        format!(
-            "removed {} defunct entr{} of service {} cluster {} (not Active, no activity since {})",
-            r.removed,
-            if r.removed == 1 { "y" } else { "ies" },
-            r.service_id,
-            r.cluster_id,
-            r.cutoff
-        )
-    })
-}
-
-#[derive(Serialize)]
-struct DeleteReport {
-    service_id: String,
-    cluster_id: String,
-    version: Option<u64>,
-    entries: usize,
-    /// Why the cluster could not be inspected before deleting (a damaged version), if so.
-    damaged: Option<String>,
-    deleted: bool,
-}
-
-async fn delete_cluster(
-    table: &CassandraMembershipTable,
-    target: &str,
-    yes: bool,
-    json: bool,
-) -> Result<(), CliError> {
-    let service = table.options().service_id.clone();
-    let (version, entries, damaged) = match table.inspect_cluster(&service, target).await {
-        Ok(c) => (
-            (!c.version.etag.is_absent()).then_some(c.version.version),
-            c.entries.len() + c.unreadable.len(),
-            None,
-        ),
-        // A damaged version cannot be inspected, yet delete_cluster removes it: say so, go on.
-        Err(e @ cassandra_membership::MembershipError::CorruptData { .. }) => {
-            (None, 0, Some(e.to_string()))
-        }
-        Err(e) => return Err(e.into()),
-    };
-    if version.is_none() && entries == 0 && damaged.is_none() {
-        return Err(CliError::Failed(format!(
-            "no such cluster: service {service} has no cluster {target} in {}",
-            table.qualified_table()
-        )));
-    }
-    let mut r = DeleteReport {
-        service_id: service.clone(),
-        cluster_id: target.to_owned(),
-        version,
-        entries,
-        damaged,
-        deleted: false,
-    };
-    // Say what will go before anything goes.
-    eprintln!(
-        "delete-cluster: service {service} cluster {target}: {} entr{} and the table version ({}) of {}",
-        r.entries,
-        if r.entries == 1 { "y" } else { "ies" },
-        match (&r.damaged, r.version) {
-            (Some(why), _) => format!("damaged: {why}"),
-            (None, Some(v)) => format!("version {v}"),
-            (None, None) => "none".into(),
-        },
-        table.qualified_table(),
-    );
-    if !yes {
-        print(json, &r, || "nothing deleted".into())?;
-        return Err(CliError::Usage(format!(
-            "refusing to delete cluster {target} without --yes"
-        )));
-    }
-    table.delete_cluster(target).await?;
-    r.deleted = true;
-    print(json, &r, || {
-        format!("deleted service {service} cluster {target}")
-    })
-}
-
 async fn watch(
     table: &CassandraMembershipTable,
     interval: Duration,
@@ -519,7 +617,7 @@ async fn watch(
                 }
                 if json {
                     // One document per line, so a consumer can read the stream line by line.
-                    let line = serde_json::to_string(&m)
+                    let line = serde_json::to_string(&Document::new(&m))
                         .map_err(|e| CliError::Failed(format!("cannot write JSON: {e}")))?;
                     print(false, &(), || line)?;
                 } else {

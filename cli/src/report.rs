@@ -11,6 +11,33 @@ use cassandra_membership::{
 use comfy_table::{Table, presets};
 use serde::Serialize;
 
+/// The version of the `--json` documents' shape: raised when a field changes meaning or goes
+/// away (adding a field keeps it).
+pub(crate) const JSON_SCHEMA: u32 = 1;
+
+/// Every `--json` document: an object with the schema version and the command's fields.
+#[derive(Debug, Serialize)]
+pub(crate) struct Document<'a, T: Serialize> {
+    schema: u32,
+    #[serde(flatten)]
+    body: &'a T,
+}
+
+impl<'a, T: Serialize> Document<'a, T> {
+    pub(crate) fn new(body: &'a T) -> Self {
+        Document {
+            schema: JSON_SCHEMA,
+            body,
+        }
+    }
+}
+
+/// `clusters`: every cluster of the table.
+#[derive(Debug, Serialize)]
+pub(crate) struct ClustersReport {
+    pub(crate) clusters: Vec<ClusterReport>,
+}
+
 /// The stable name of a status in JSON and tables.
 pub(crate) fn status_name(s: SiloStatus) -> &'static str {
     match s {

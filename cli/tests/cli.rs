@@ -107,15 +107,26 @@ async fn drop_table(t: &CassandraMembershipTable) {
         .await;
 }
 
-/// The binary with the connection flags of `table`, and no CASSANDRA_MEMBERSHIP_* variable
-/// from the caller's environment.
-fn cli(table: &str) -> Command {
+/// The binary with no CASSANDRA_MEMBERSHIP_* variable nor RUST_LOG from the caller's
+/// environment, and no default config file (XDG_CONFIG_HOME points at nothing).
+fn bare() -> Command {
     let mut c = Command::cargo_bin("cassandra-membership").unwrap();
     for (k, _) in std::env::vars() {
         if k.starts_with("CASSANDRA_MEMBERSHIP_") {
             c.env_remove(k);
         }
     }
+    c.env_remove("RUST_LOG").env(
+        "XDG_CONFIG_HOME",
+        std::env::temp_dir().join("cm-cli-no-config-here"),
+    );
+    c.timeout(COMMAND_TIMEOUT);
+    c
+}
+
+/// The binary with the connection flags of `table` (see [`bare`]).
+fn cli(table: &str) -> Command {
+    let mut c = bare();
     c.timeout(COMMAND_TIMEOUT).args([
         "--contact-points",
         &contact_points(),
@@ -141,8 +152,28 @@ fn json(c: &mut Command) -> Value {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    let doc: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)));
+    assert_eq!(
+        doc["schema"], 1,
+        "every document is an object with its schema: {doc}"
+    );
+    doc
+}
+
+/// Runs, expects exit `code`, returns (stdout, stderr).
+fn exits(c: &mut Command, code: i32) -> (String, String) {
+    let out = c.output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    (stdout, stderr)
 }
 
 fn text(c: &mut Command) -> String {
@@ -188,7 +219,7 @@ async fn clusters_lists_every_cluster_with_counts_version_newest_heartbeat_and_v
     let blue_version = blue.read_all().await.unwrap().version.version;
 
     let report = json(cli(&table).args(["clusters", "--json"]));
-    let list = report.as_array().unwrap();
+    let list = report["clusters"].as_array().unwrap();
     assert_eq!(list.len(), 2, "{report}");
     let find = |id: &str| list.iter().find(|c| c["cluster_id"] == id).unwrap();
     let b = find("blue");
@@ -378,12 +409,12 @@ async fn patch_refuses_without_an_explicit_ttl_and_without_yes_changing_nothing(
         assert_eq!(expiry_state(&t).await, before, "{args:?} changed nothing");
     }
 
-    // Explicit, but without --yes: shows what it would do and refuses.
+    // Explicit, but without --yes: shows what it would do and refuses (exit 3).
     let out = cli(&table)
         .args(["--cluster", "blue", "--ttl", "false", "patch"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--yes"), "{stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -455,9 +486,15 @@ async fn cleanup_removes_old_defunct_entries_and_reports_how_many() {
         "cleanup",
         "--older-than",
         "7d",
+        "--yes",
         "--json",
     ]));
     assert_eq!(report["removed"], 1, "{report}");
+    assert_eq!(report["dry_run"], false, "{report}");
+    assert_eq!(
+        report["candidates"][0]["address"], "10.0.0.9:1@1",
+        "{report}"
+    );
     assert_eq!(report["older_than_seconds"], 7 * 24 * 3600);
     let left: Vec<String> = t
         .read_all()
@@ -468,7 +505,14 @@ async fn cleanup_removes_old_defunct_entries_and_reports_how_many() {
         .map(|r| r.entry.address.to_string())
         .collect();
     assert_eq!(left, ["10.0.0.7:1@1", "10.0.0.8:1@1"]);
-    let human = text(cli(&table).args(["--cluster", "blue", "cleanup", "--older-than", "7d"]));
+    let human = text(cli(&table).args([
+        "--cluster",
+        "blue",
+        "cleanup",
+        "--older-than",
+        "7d",
+        "--yes",
+    ]));
     assert!(human.starts_with("removed 0 defunct entries"), "{human}");
     drop_table(&t).await;
 }
@@ -489,7 +533,7 @@ async fn delete_cluster_says_what_it_deletes_refuses_without_yes_and_deletes_wit
         .args(["delete-cluster", "doomed"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("3 entries") && stderr.contains("--yes"),
@@ -511,7 +555,7 @@ async fn delete_cluster_says_what_it_deletes_refuses_without_yes_and_deletes_wit
         "only that cluster"
     );
     let clusters = json(cli(&table).args(["clusters", "--json"]));
-    let ids: Vec<&str> = clusters
+    let ids: Vec<&str> = clusters["clusters"]
         .as_array()
         .unwrap()
         .iter()
@@ -542,6 +586,7 @@ async fn watch_prints_members_at_every_refresh() {
         .collect();
     assert_eq!(docs.len(), 2, "{out}");
     for d in docs {
+        assert_eq!(d["schema"], 1, "{d}");
         assert_eq!(d["members"].as_array().unwrap().len(), 3);
     }
     drop_table(&t).await;
@@ -561,8 +606,7 @@ fn a_bad_config_file_is_exit_2_naming_the_option() {
     );
 
     let invalid = config_file("service_id = \"shop\"\ncluster_id = \"blue\"\npage_size = 0\n");
-    let out = Command::cargo_bin("cassandra-membership")
-        .unwrap()
+    let out = bare()
         .args(["--config", invalid.to_str().unwrap(), "members"])
         .output()
         .unwrap();
@@ -579,11 +623,9 @@ fn a_bad_config_file_is_exit_2_naming_the_option() {
 #[test]
 fn an_unreachable_node_is_exit_1_within_the_timeout_and_credentials_are_never_echoed() {
     let started = Instant::now();
-    let out = Command::cargo_bin("cassandra-membership")
-        .unwrap()
+    let out = bare()
         .env("CASSANDRA_MEMBERSHIP_USERNAME", "operator")
         .env("CASSANDRA_MEMBERSHIP_PASSWORD", "pa55-never-printed")
-        .timeout(COMMAND_TIMEOUT)
         .args([
             "--contact-points",
             "127.0.0.1:1",
@@ -609,7 +651,7 @@ fn an_unreachable_node_is_exit_1_within_the_timeout_and_credentials_are_never_ec
 }
 
 #[test]
-fn a_wrong_keyspace_or_table_is_a_configuration_error_exit_2() {
+fn a_wrong_keyspace_or_table_is_a_schema_error_exit_4() {
     for (keyspace, table, says) in [
         (
             keyspace(),
@@ -622,15 +664,13 @@ fn a_wrong_keyspace_or_table_is_a_configuration_error_exit_2() {
             "keyspace \"no_such_keyspace_f14\" does not exist".to_owned(),
         ),
     ] {
-        let out = Command::cargo_bin("cassandra-membership")
-            .unwrap()
-            .timeout(COMMAND_TIMEOUT)
+        let out = bare()
             .args(["--contact-points", &contact_points()])
             .args(["--keyspace", &keyspace, "--table", &table])
             .args(["--service", SERVICE, "--cluster", "blue", "members"])
             .output()
             .unwrap();
-        assert_eq!(out.status.code(), Some(2), "{keyspace}.{table}: {out:?}");
+        assert_eq!(out.status.code(), Some(4), "{keyspace}.{table}: {out:?}");
         assert!(
             String::from_utf8_lossy(&out.stderr).contains(&says),
             "{out:?}"
@@ -651,10 +691,18 @@ fn a_command_on_a_cluster_without_its_ids_is_exit_2_naming_them() {
             "cluster_id: not set",
         ),
         (vec!["delete-cluster", "blue"], "service_id: not set"),
+        (
+            vec![
+                "--service",
+                SERVICE,
+                "declare-dead",
+                "10.0.0.1:1@1",
+                "--yes",
+            ],
+            "cluster_id: not set",
+        ),
     ] {
-        let out = Command::cargo_bin("cassandra-membership")
-            .unwrap()
-            .timeout(COMMAND_TIMEOUT)
+        let out = bare()
             .args(["--contact-points", "127.0.0.1:1"])
             .args(&args)
             .output()
@@ -683,6 +731,17 @@ async fn local_datacenter_pins_the_commands_to_a_dc_and_an_unknown_one_is_exit_2
     // One node under SimpleSnitch: its DC is `datacenter1`.
     let report = json(
         cli(&table)
+            .args(["--cluster", "dc-pinned", "--consistency", "local_quorum"])
+            .args(["--local-datacenter", "datacenter1", "--json", "members"]),
+    );
+    assert_eq!(
+        report["members"].as_array().map(Vec::len),
+        Some(3),
+        "{report}"
+    );
+    // The spelling of 0.1 is still accepted.
+    let report = json(
+        cli(&table)
             .args(["--cluster", "dc-pinned", "--consistency", "local-quorum"])
             .args(["--local-datacenter", "datacenter1", "--json", "members"]),
     );
@@ -692,7 +751,7 @@ async fn local_datacenter_pins_the_commands_to_a_dc_and_an_unknown_one_is_exit_2
         "{report}"
     );
     let out = cli(&table)
-        .args(["--cluster", "dc-pinned", "--consistency", "local-quorum"])
+        .args(["--cluster", "dc-pinned", "--consistency", "local_quorum"])
         .env("CASSANDRA_MEMBERSHIP_LOCAL_DATACENTER", "dc9")
         .arg("members")
         .output()
@@ -711,7 +770,7 @@ async fn local_datacenter_pins_the_commands_to_a_dc_and_an_unknown_one_is_exit_2
             "--cluster",
             "dc-pinned",
             "--consistency",
-            "local-quorum",
+            "local_quorum",
             "members",
         ])
         .output()
@@ -740,7 +799,8 @@ async fn clusters_exits_1_when_a_cluster_cannot_be_read_and_still_prints_the_oth
     let out = cli(&table).args(["clusters", "--json"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let list = report.as_array().unwrap();
+    assert_eq!(report["schema"], 1, "{report}");
+    let list = report["clusters"].as_array().unwrap();
     assert_eq!(list.len(), 2, "{report}");
     let find = |id: &str| list.iter().find(|c| c["cluster_id"] == id).unwrap();
     assert!(find("blue")["error"].is_string(), "{report}");
@@ -821,8 +881,522 @@ async fn cleanup_below_an_hour_needs_force_and_removes_nothing_without_it() {
         "--older-than",
         "1s",
         "--force",
+        "--yes",
         "--json",
     ]));
     assert_eq!(report["removed"], 1, "{report}");
     drop_table(&t).await;
+}
+
+#[test]
+fn help_lists_the_exit_codes_and_completions_need_no_node() {
+    let (help, _) = exits(bare().arg("--help"), 0);
+    for line in [
+        "Exit codes:",
+        "0  ok",
+        "1  the operation failed",
+        "2  usage or configuration error",
+        "3  refused: a change that needs --yes was not confirmed",
+        "4  access denied",
+    ] {
+        assert!(help.contains(line), "{line:?} not in --help:\n{help}");
+    }
+    for cmd in [
+        "declare-dead",
+        "completions",
+        "--tls-ca",
+        "--config-key",
+        "--verbose",
+    ] {
+        assert!(help.contains(cmd), "{cmd} not in --help:\n{help}");
+    }
+    // No node at all: completions connect to nothing.
+    let (bash, _) = exits(
+        bare().args(["--contact-points", "127.0.0.1:1", "completions", "bash"]),
+        0,
+    );
+    assert!(
+        bash.contains("complete -F _cassandra__membership"),
+        "{bash}"
+    );
+    assert!(
+        bash.contains("declare-dead") && bash.contains("--tls-server-name"),
+        "{bash}"
+    );
+    let (zsh, _) = exits(bare().args(["completions", "zsh"]), 0);
+    assert!(zsh.starts_with("#compdef cassandra-membership"), "{zsh}");
+    let (_, stderr) = exits(bare().args(["completions", "cmd.exe"]), 2);
+    assert!(stderr.contains("cmd.exe"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn members_of_an_unknown_cluster_fails_like_delete_cluster() {
+    let table = unique_table();
+    let t = cluster(&table, "blue", false).await;
+    for args in [
+        &["--cluster", "bleu", "members"][..],
+        &["--cluster", "bleu", "members", "--json"][..],
+        &["delete-cluster", "bleu", "--yes"][..],
+    ] {
+        let (stdout, stderr) = exits(cli(&table).args(args), 1);
+        assert!(
+            stderr.contains("no such cluster: service shop has no cluster bleu"),
+            "{args:?}: {stderr}"
+        );
+        assert!(stdout.is_empty(), "{args:?}: {stdout}");
+    }
+    // A cluster with a version and no entries is a cluster.
+    let m = json(cli(&table).args(["--cluster", "blue", "members", "--json"]));
+    assert_eq!(m["members"], serde_json::json!([]), "{m}");
+    drop_table(&t).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn declare_dead_refuses_without_yes_then_writes_dead_at_the_next_version() {
+    let table = unique_table();
+    let t = cluster(&table, "blue", false).await;
+    three_entries(&t).await;
+    let before = t.read_all().await.unwrap();
+    let silo = "10.0.0.1:11111@1";
+
+    let (stdout, stderr) = exits(
+        cli(&table).args(["--cluster", "blue", "declare-dead", silo, "--json"]),
+        3,
+    );
+    assert!(
+        stderr.contains("refusing to declare 10.0.0.1:11111@1 dead without --yes"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("is active"), "says what it found: {stderr}");
+    let refused: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(refused["schema"], 1);
+    assert_eq!(refused["declared"], false, "{refused}");
+    assert_eq!(refused["previous_status"], "active", "{refused}");
+    assert_eq!(t.read_all().await.unwrap(), before, "nothing written");
+
+    let r = json(cli(&table).args(["--cluster", "blue", "declare-dead", silo, "--yes", "--json"]));
+    assert_eq!(r["declared"], true, "{r}");
+    assert_eq!(r["previous_status"], "active");
+    assert_eq!(r["version_read"], before.version.version);
+    assert_eq!(r["version_written"], before.version.version + 1);
+    assert_eq!(r["attempts"], 1);
+    let after = t.read_all().await.unwrap();
+    assert_eq!(after.version.version, before.version.version + 1);
+    let row = after
+        .rows
+        .iter()
+        .find(|r| r.entry.address == addr(silo))
+        .unwrap();
+    assert_eq!(row.entry.status, SiloStatus::Dead);
+    assert_eq!(
+        row.entry.silo_name, "silo-a",
+        "the rest of the entry is kept"
+    );
+    assert_eq!(after.rows.len(), 3);
+
+    // Again: already dead, nothing written, exit 0.
+    let human = text(cli(&table).args(["--cluster", "blue", "declare-dead", silo, "--yes"]));
+    assert!(human.contains("is already dead"), "{human}");
+    assert_eq!(t.read_all().await.unwrap().version, after.version);
+    drop_table(&t).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn declare_dead_refuses_an_address_not_in_the_table_and_a_malformed_one() {
+    let table = unique_table();
+    let t = cluster(&table, "blue", false).await;
+    three_entries(&t).await;
+    let before = t.read_all().await.unwrap();
+    let (_, stderr) = exits(
+        cli(&table).args([
+            "--cluster",
+            "blue",
+            "declare-dead",
+            "10.9.9.9:11111@1",
+            "--yes",
+        ]),
+        1,
+    );
+    assert!(
+        stderr.contains(
+            "no such silo: 10.9.9.9:11111@1 is not in service shop cluster blue (3 entries"
+        ),
+        "{stderr}"
+    );
+    let (_, stderr) = exits(
+        cli(&table).args([
+            "--cluster",
+            "blue",
+            "declare-dead",
+            "not-an-address",
+            "--yes",
+        ]),
+        2,
+    );
+    assert!(stderr.contains("invalid silo address"), "{stderr}");
+    let (_, stderr) = exits(
+        cli(&table).args([
+            "--cluster",
+            "nope",
+            "declare-dead",
+            "10.0.0.1:11111@1",
+            "--yes",
+        ]),
+        1,
+    );
+    assert!(stderr.contains("no such cluster"), "{stderr}");
+    assert_eq!(t.read_all().await.unwrap(), before, "nothing written");
+    drop_table(&t).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_declare_deads_each_land_as_their_own_version() {
+    let table = unique_table();
+    let t = cluster(&table, "blue", false).await;
+    three_entries(&t).await;
+    let before = t.read_all().await.unwrap().version.version;
+    // Three writers of one partition at once: each conditional write that loses re-reads and
+    // tries again at the newer version.
+    let runs: Vec<_> = ["10.0.0.1:11111@1", "10.0.0.2:11111@1", "10.0.0.3:11111@1"]
+        .into_iter()
+        .map(|silo| {
+            let table = table.clone();
+            std::thread::spawn(move || {
+                json(cli(&table).args([
+                    "--cluster",
+                    "blue",
+                    "declare-dead",
+                    silo,
+                    "--yes",
+                    "--json",
+                ]))
+            })
+        })
+        .collect();
+    let reports: Vec<Value> = runs.into_iter().map(|h| h.join().unwrap()).collect();
+    let after = t.read_all().await.unwrap();
+    assert!(
+        after
+            .rows
+            .iter()
+            .all(|r| r.entry.status == SiloStatus::Dead),
+        "{after:?}"
+    );
+    // 10.0.0.2 was Dead already: it writes nothing; the two others one version each.
+    let written = reports.iter().filter(|r| r["declared"] == true).count() as u64;
+    assert_eq!(written, 2, "{reports:?}");
+    assert_eq!(after.version.version, before + 2, "{reports:?}");
+    drop_table(&t).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cleanup_dry_run_lists_what_yes_removes_and_refuses_without_either() {
+    let table = unique_table();
+    let t = cluster(&table, "blue", false).await;
+    let long_ago = Timestamp::now().saturating_sub(Duration::from_secs(10 * 24 * 3600));
+    let mut old_dead = MembershipEntry::new(addr("10.0.3.1:1@1"), SiloStatus::Dead, long_ago);
+    old_dead.silo_name = "gone".into();
+    insert(&t, old_dead).await;
+    // Old, but suspected recently: a suspicion vote is activity.
+    let mut voted = MembershipEntry::new(addr("10.0.3.2:1@1"), SiloStatus::Dead, long_ago);
+    voted.suspect_times.push(SuspectTime {
+        suspecting_silo: addr("10.0.3.9:1@1"),
+        time: Timestamp::now(),
+    });
+    insert(&t, voted).await;
+    insert(
+        &t,
+        MembershipEntry::new(addr("10.0.3.3:1@1"), SiloStatus::Active, long_ago),
+    )
+    .await;
+    let args = ["--cluster", "blue", "cleanup", "--older-than", "7d"];
+
+    let dry = json(cli(&table).args(args).args(["--dry-run", "--json"]));
+    assert_eq!(dry["dry_run"], true, "{dry}");
+    assert!(dry["removed"].is_null(), "{dry}");
+    let listed: Vec<&str> = dry["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["address"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, ["10.0.3.1:1@1"], "{dry}");
+    assert_eq!(dry["candidates"][0]["status"], "dead");
+    assert_eq!(dry["candidates"][0]["silo_name"], "gone");
+    let human = text(cli(&table).args(args).arg("--dry-run"));
+    assert!(
+        human.starts_with("would remove 1 entry of service shop cluster blue"),
+        "{human}"
+    );
+    assert!(
+        human.contains("10.0.3.1:1@1") && !human.contains("10.0.3.2:1@1"),
+        "{human}"
+    );
+    assert_eq!(
+        t.read_all().await.unwrap().rows.len(),
+        3,
+        "a dry run removes nothing"
+    );
+
+    let (stdout, stderr) = exits(cli(&table).args(args), 3);
+    assert!(
+        stderr.contains("refusing to remove 1 entry without --yes"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("10.0.3.1:1@1"),
+        "shows what it would remove: {stdout}"
+    );
+    assert_eq!(
+        t.read_all().await.unwrap().rows.len(),
+        3,
+        "refused: nothing removed"
+    );
+    let (_, stderr) = exits(cli(&table).args(args).args(["--dry-run", "--yes"]), 2);
+    assert!(stderr.contains("--dry-run"), "{stderr}");
+
+    let done = json(cli(&table).args(args).args(["--yes", "--json"]));
+    assert_eq!(done["removed"], 1, "{done}");
+    assert_eq!(
+        done["candidates"], dry["candidates"],
+        "removes what the dry run listed"
+    );
+    let left: Vec<String> = t
+        .read_all()
+        .await
+        .unwrap()
+        .rows
+        .iter()
+        .map(|r| r.entry.address.to_string())
+        .collect();
+    assert_eq!(left, ["10.0.3.2:1@1", "10.0.3.3:1@1"]);
+    drop_table(&t).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn verbose_and_rust_log_put_the_logs_on_stderr_and_never_on_stdout() {
+    let table = unique_table();
+    let t = cluster(&table, "blue", false).await;
+    let members = ["--cluster", "blue", "members", "--json"];
+    let quiet = cli(&table).args(members).output().unwrap();
+    assert!(quiet.status.success(), "{quiet:?}");
+    let stderr = String::from_utf8_lossy(&quiet.stderr);
+    assert!(
+        !stderr.contains("connecting"),
+        "no info by default: {stderr}"
+    );
+
+    let out = cli(&table).args(members).arg("-v").output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("INFO") && stderr.contains("connecting"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("DEBUG"), "-v is info: {stderr}");
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("stdout stays JSON");
+    assert_eq!(doc["schema"], 1);
+
+    let out = cli(&table).args(members).arg("-vv").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("DEBUG"), "-vv is debug: {stderr}");
+    serde_json::from_slice::<Value>(&out.stdout).expect("stdout stays JSON");
+
+    // RUST_LOG wins over -v: only the driver's target at debug.
+    let out = cli(&table)
+        .args(members)
+        .arg("-v")
+        .env("RUST_LOG", "scylla=debug")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("scylla"), "{stderr}");
+    assert!(
+        !stderr.contains("connecting"),
+        "RUST_LOG wins over -v: {stderr}"
+    );
+    let (_, stderr) = exits(cli(&table).args(members).env("RUST_LOG", "a=b=c"), 2);
+    assert!(stderr.contains("RUST_LOG"), "{stderr}");
+    drop_table(&t).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clusters_shows_progress_on_stderr_once_the_scan_takes_long() {
+    let table = unique_table();
+    let blue = cluster(&table, "blue", false).await;
+    let green = cluster(&table, "green", false).await;
+    let out = cli(&table)
+        .args(["clusters", "--json", "--progress-after", "0s"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("clusters: 0/2 read, reading shop/"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("clusters: 2/2 read in"), "{stderr}");
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("no progress in the JSON");
+    assert_eq!(doc["clusters"].as_array().unwrap().len(), 2);
+    // A quick scan (the default: after one second) shows none.
+    let out = cli(&table).args(["clusters", "--json"]).output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("read"),
+        "{out:?}"
+    );
+    drop_table(&blue).await;
+    drop(green);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_default_config_path_and_config_key_supply_the_options() {
+    let table = unique_table();
+    let t = cluster(&table, "from-default", false).await;
+    insert(
+        &t,
+        MembershipEntry::new(addr("10.0.4.1:1@1"), SiloStatus::Active, Timestamp::now()),
+    )
+    .await;
+    let dir = std::env::temp_dir().join(format!("cm-cli-xdg-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(dir.join("cassandra-membership")).unwrap();
+    std::fs::write(
+        dir.join("cassandra-membership/config.toml"),
+        "cluster_id = \"from-default\"\n",
+    )
+    .unwrap();
+    let m = json(
+        cli(&table)
+            .env("XDG_CONFIG_HOME", &dir)
+            .args(["members", "--json"]),
+    );
+    assert_eq!(m["cluster_id"], "from-default", "{m}");
+    assert_eq!(m["members"][0]["address"], "10.0.4.1:1@1");
+    // Without XDG_CONFIG_HOME: ~/.config.
+    let home = std::env::temp_dir().join(format!("cm-cli-home-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(home.join(".config")).unwrap();
+    std::fs::rename(&dir, home.join(".config").join("x")).unwrap();
+    std::fs::rename(
+        home.join(".config/x/cassandra-membership"),
+        home.join(".config/cassandra-membership"),
+    )
+    .unwrap();
+    let m = json(
+        cli(&table)
+            .env_remove("XDG_CONFIG_HOME")
+            .env("HOME", &home)
+            .args(["members", "--json"]),
+    );
+    assert_eq!(m["cluster_id"], "from-default", "{m}");
+    // --config wins over the default path.
+    let other = config_file("cluster_id = \"not-there\"\n");
+    let (_, stderr) = exits(
+        cli(&table)
+            .env("HOME", &home)
+            .env_remove("XDG_CONFIG_HOME")
+            .args(["--config", other.to_str().unwrap(), "members"]),
+        1,
+    );
+    assert!(stderr.contains("no cluster not-there"), "{stderr}");
+
+    // An application's file with the options nested in it.
+    let app = config_file(
+        "[server]\nport = 8080\n[server.membership]\ncluster_id = \"from-default\"\n[server.membership.membership]\ndefunct_silo_expiration = \"1h\"\n",
+    );
+    let app = app.to_str().unwrap();
+    let m = json(cli(&table).args([
+        "--config",
+        app,
+        "--config-key",
+        "server.membership",
+        "members",
+        "--json",
+    ]));
+    assert_eq!(m["cluster_id"], "from-default", "{m}");
+    let (_, stderr) = exits(
+        cli(&table).args(["--config", app, "--config-key", "server.nope", "members"]),
+        2,
+    );
+    assert!(stderr.contains("has no table [server.nope]"), "{stderr}");
+    let (_, stderr) = exits(
+        cli(&table).args(["--config", app, "--config-key", "server.port", "members"]),
+        2,
+    );
+    assert!(
+        stderr.contains("server.port") && stderr.contains("is not a table"),
+        "{stderr}"
+    );
+    // The whole file is not the options: its unknown keys are named.
+    let (_, stderr) = exits(cli(&table).args(["--config", app, "members"]), 2);
+    assert!(stderr.contains("server"), "{stderr}");
+    let bad = config_file("[app]\nkeyspaec = \"x\"\n");
+    let (_, stderr) = exits(
+        cli(&table).args([
+            "--config",
+            bad.to_str().unwrap(),
+            "--config-key",
+            "app",
+            "members",
+        ]),
+        2,
+    );
+    assert!(
+        stderr.contains("keyspaec") && stderr.contains("[app]"),
+        "{stderr}"
+    );
+    let (_, stderr) = exits(cli(&table).args(["--config-key", "app", "members"]), 2);
+    assert!(stderr.contains("needs a config file"), "{stderr}");
+    let _ = std::fs::remove_dir_all(home);
+    drop_table(&t).await;
+}
+
+#[test]
+fn one_spelling_of_each_value_and_tls_flags_are_validated_before_connecting() {
+    let (_, stderr) = exits(
+        bare()
+            .args(["--service", "shop", "--cluster", "blue"])
+            .args(["--consistency", "local", "members"]),
+        2,
+    );
+    assert!(
+        stderr.contains("local_quorum"),
+        "names the spelling: {stderr}"
+    );
+    // A certificate without its key, and a key without its certificate.
+    let (_, stderr) = exits(
+        bare()
+            .args(["--service", "shop", "--cluster", "blue"])
+            .args(["--tls-ca", "/ca.pem", "--tls-cert", "/c.pem", "members"]),
+        2,
+    );
+    assert!(stderr.contains("tls.key_file"), "{stderr}");
+    let (_, stderr) = exits(
+        bare()
+            .args(["--service", "shop", "--cluster", "blue"])
+            .args(["--tls-ca", "/ca.pem", "--tls-key", "/k.pem", "members"]),
+        2,
+    );
+    assert!(stderr.contains("tls.cert_file"), "{stderr}");
+    let (_, stderr) = exits(
+        bare()
+            .args(["--service", "shop", "--cluster", "blue"])
+            .args(["--tls-server-name", "db.internal", "members"]),
+        2,
+    );
+    assert!(stderr.contains("tls.ca_file"), "{stderr}");
+    let (_, stderr) = exits(
+        bare()
+            .args(["--service", "shop", "--cluster", "blue"])
+            .args([
+                "--tls-ca",
+                "/no/such/ca.pem",
+                "--contact-points",
+                "127.0.0.1:1",
+                "members",
+            ]),
+        2,
+    );
+    assert!(
+        stderr.contains("tls.ca_file") && stderr.contains("/no/such/ca.pem"),
+        "{stderr}"
+    );
 }

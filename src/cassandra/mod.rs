@@ -35,6 +35,7 @@ mod resolve;
 mod retry;
 mod schema;
 mod statements;
+mod tls;
 mod version;
 mod write;
 
@@ -57,6 +58,7 @@ pub use options::{
     CassandraClusteringOptions, ConsistencyProfile, Credentials, EXPIRY_HORIZON_UNIX_SECONDS,
     MAX_TTL_SECONDS, TtlMismatchPolicy,
 };
+pub use tls::TlsOptions;
 
 use crate::error::{MembershipError, Result};
 use crate::model::{
@@ -136,11 +138,30 @@ pub struct CassandraMembershipTable {
 impl CassandraMembershipTable {
     /// Validates `options`, connects to `options.contact_points` and returns the table for
     /// `options.cluster_id`. Nothing is created until [`MembershipTable::initialize`].
+    ///
+    /// With `options.tls` set it connects over TLS, reading the section's PEM files (crate
+    /// feature `rustls`; without it, a `tls` section is an
+    /// [`MembershipError::InvalidConfiguration`]).
     pub async fn connect(options: CassandraClusteringOptions) -> Result<Self> {
-        Self::connect_with(options, |builder| builder).await
+        match &options.tls {
+            None => Self::connect_with(options, |builder| builder).await,
+            #[cfg(feature = "rustls")]
+            Some(tls) => {
+                options.validate()?;
+                let config = tls::client_config(tls, &options.contact_points)?;
+                Self::connect_tls(options, config).await
+            }
+            #[cfg(not(feature = "rustls"))]
+            Some(_) => Err(MembershipError::config(
+                "tls",
+                "TLS needs the crate feature `rustls` (cassandra-membership = { version = \"…\", \
+                 features = [\"rustls\"] })",
+            )),
+        }
     }
 
-    /// Connects over TLS with the given rustls configuration.
+    /// Connects over TLS with the given rustls configuration (`options.tls` is ignored: this
+    /// configuration is the one used).
     #[cfg(feature = "rustls")]
     #[cfg_attr(docsrs, doc(cfg(feature = "rustls")))]
     pub async fn connect_tls(

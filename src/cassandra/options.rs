@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{MembershipError, Result};
 use crate::options::MembershipOptions;
 
+use super::tls::TlsOptions;
+
 /// Cassandra's largest TTL (20 years).
 pub const MAX_TTL_SECONDS: u64 = 630_720_000;
 
@@ -146,6 +148,10 @@ pub struct CassandraClusteringOptions {
     pub page_size: u32,
     /// Credentials; default none.
     pub credentials: Option<Credentials>,
+    /// TLS to the nodes, built by `connect` into a rustls configuration (crate feature
+    /// `rustls`); see [`TlsOptions`]. Default: none (plain TCP). Ignored by `connect_tls`
+    /// (its configuration wins) and `with_session`.
+    pub tls: Option<TlsOptions>,
     /// Storage-side expiry: entries and whole clusters expire after
     /// `membership.defunct_silo_expiration` without heartbeats. Default false.
     pub ttl: bool,
@@ -181,6 +187,7 @@ impl Default for CassandraClusteringOptions {
             schema_timeout: Duration::from_secs(30),
             page_size: 1000,
             credentials: None,
+            tls: None,
             ttl: false,
             ttl_mismatch: TtlMismatchPolicy::Throw,
             ttl_renewal_interval: None,
@@ -260,6 +267,12 @@ impl CassandraClusteringOptions {
             username: username.into(),
             password: password.into(),
         });
+        self
+    }
+
+    /// Sets the TLS section (see [`TlsOptions`]).
+    pub fn tls(mut self, tls: TlsOptions) -> Self {
+        self.tls = Some(tls);
         self
     }
 
@@ -444,6 +457,9 @@ impl CassandraClusteringOptions {
                 "credentials.username",
                 "must not be empty",
             ));
+        }
+        if let Some(tls) = &self.tls {
+            tls.validate()?;
         }
         let gc = self.gc_grace.as_secs();
         if gc > i32::MAX as u64 {

@@ -124,7 +124,10 @@ impl SiloAddress {
     /// assert_eq!(SiloAddress::generation_at(Timestamp::from_millis(i64::MAX)), i32::MAX);
     /// ```
     pub fn generation_at(now: Timestamp) -> i32 {
-        let secs = now.as_millis().saturating_sub(GENERATION_EPOCH_MILLIS).div_euclid(1000);
+        let secs = now
+            .as_millis()
+            .saturating_sub(GENERATION_EPOCH_MILLIS)
+            .div_euclid(1000);
         i32::try_from(secs.max(0)).unwrap_or(i32::MAX)
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use cassandra_membership::{
     CassandraClusteringOptions, CassandraMembershipTable, MembershipEntry, MembershipError,
-    MembershipTable, SiloStatus, Timestamp,
+    MembershipTable, SiloStatus, Timestamp, TlsOptions,
 };
 use rustls::RootCertStore;
 use rustls::pki_types::CertificateDer;
@@ -276,5 +276,168 @@ async fn the_password_appears_in_no_log_line_at_trace_level() {
     assert!(
         !debug_text.contains(&password),
         "Debug of the options hides the password"
+    );
+}
+
+/// TLS from options (`tls` section): the library reads the PEM files and builds the rustls
+/// configuration itself.
+fn tls_options(tls: TlsOptions) -> CassandraClusteringOptions {
+    secure_options("cassandra", "cassandra")
+        .tls(tls)
+        .create_keyspace_simple(1)
+}
+
+async fn connect_with_options(
+    options: CassandraClusteringOptions,
+) -> cassandra_membership::Result<CassandraMembershipTable> {
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        CassandraMembershipTable::connect(options),
+    )
+    .await
+    .expect("connect returned within 60 s")
+}
+
+#[tokio::test]
+async fn connect_through_options_with_the_node_s_ca_file_works() {
+    for tls in [
+        TlsOptions::with_ca_file(certificate_path()),
+        // The certificate names 127.0.0.9: naming it explicitly works too.
+        TlsOptions::with_ca_file(certificate_path()).server_name("127.0.0.9"),
+    ] {
+        let table = connect_with_options(tls_options(tls.clone()))
+            .await
+            .unwrap_or_else(|e| panic!("connect with {tls:?}: {e:?}"));
+        table.initialize(true).await.expect("initialize");
+        let snapshot = table.read_all().await.expect("read_all");
+        assert!(
+            table
+                .insert_row(&entry(), &snapshot.version.next())
+                .await
+                .expect("insert")
+        );
+        assert_eq!(table.read_all().await.unwrap().rows.len(), 1);
+    }
+}
+
+#[tokio::test]
+async fn a_wrong_ca_or_server_name_fails_with_a_typed_error_about_the_certificate() {
+    // A bundle of public CAs, none of which signed the node's certificate.
+    let public = std::path::Path::new("/etc/ssl/certs/ca-certificates.crt");
+    assert!(
+        public.exists(),
+        "the system CA bundle is needed for this test"
+    );
+    for (tls, expected) in [
+        (TlsOptions::with_ca_file(public), "UnknownIssuer"),
+        (
+            TlsOptions::with_ca_file(certificate_path()).server_name("db.example.com"),
+            "NotValidForName",
+        ),
+    ] {
+        let err = connect_with_options(tls_options(tls.clone()))
+            .await
+            .expect_err("an untrusted certificate must not connect");
+        assert!(
+            matches!(
+                err,
+                MembershipError::Unavailable {
+                    operation: "connect",
+                    ..
+                }
+            ),
+            "{tls:?}: {err:?}"
+        );
+        let text = format!("{err:?}");
+        assert!(text.contains(expected), "{tls:?}: {text}");
+    }
+}
+
+#[tokio::test]
+async fn a_missing_or_mismatched_tls_file_is_a_configuration_error_naming_it() {
+    let missing = std::env::temp_dir().join("cm-no-such-ca.pem");
+    let err = connect_with_options(tls_options(TlsOptions::with_ca_file(&missing)))
+        .await
+        .expect_err("no CA file");
+    match &err {
+        MembershipError::InvalidConfiguration { option, reason } => {
+            assert_eq!(option, "tls.ca_file");
+            assert!(reason.contains(&missing.display().to_string()), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The node's certificate with a key that is not its own.
+    let dir = std::env::temp_dir().join(format!("cm-tls-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = self_signed(&dir, "a");
+    let (_, other_key) = self_signed(&dir, "b");
+    let ok = TlsOptions::with_ca_file(certificate_path()).client_certificate(&cert, &key);
+    // The node asks for no client certificate: presenting one is accepted.
+    connect_with_options(tls_options(ok))
+        .await
+        .expect("connect with a client certificate and its key");
+    let mismatched =
+        TlsOptions::with_ca_file(certificate_path()).client_certificate(&cert, &other_key);
+    let err = connect_with_options(tls_options(mismatched))
+        .await
+        .expect_err("a key of another certificate");
+    match &err {
+        MembershipError::InvalidConfiguration { option, reason } => {
+            assert_eq!(option, "tls.key_file");
+            assert!(
+                reason.contains("is not the key of the certificate"),
+                "{reason}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A fresh EC key and self-signed certificate made by the `openssl` command: (cert, key).
+fn self_signed(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let cert = dir.join(format!("{name}.pem"));
+    let key = dir.join(format!("{name}.key"));
+    let status = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=cm-client"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("the openssl command makes the test's client certificates");
+    assert!(status.success(), "openssl req");
+    (cert, key)
+}
+
+#[tokio::test]
+async fn verify_off_connects_to_any_certificate_and_says_so_in_a_warning() {
+    let captured = Captured::default();
+    let sink = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(move || sink.clone())
+        .with_ansi(false)
+        .finish();
+    let guard = tracing::subscriber::set_default(subscriber);
+    // No CA at all: with verification off, the node's certificate is not checked.
+    let table = connect_with_options(tls_options(TlsOptions::default().verify(false)))
+        .await
+        .expect("verify = false connects without a CA");
+    drop(guard);
+    table.initialize(true).await.expect("initialize");
+    let logs = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
+    assert!(
+        logs.contains("WARN") && logs.contains("tls.verify = false"),
+        "a warning names the setting: {logs}"
     );
 }
