@@ -1,8 +1,8 @@
 //! A service the way a Kubernetes deployment runs one: an HTTP server around a silo. Readiness is
 //! the silo's [`SiloHealth::should_serve`], liveness `!is_final()`; the work endpoint refuses
-//! work while the silo must fence; SIGTERM or Ctrl-C leaves the cluster gracefully (stop
-//! accepting, `silo.leave()`, exit 0). A silo the cluster declared dead (or whose entry is gone)
-//! stops and exits 1, so the orchestrator starts a new incarnation.
+//! work while the silo must fence; SIGTERM or Ctrl-C leaves the cluster gracefully (exit 0). A
+//! silo the cluster declared dead (or whose entry is gone) stops and exits 1, so the
+//! orchestrator starts a new incarnation.
 //!
 //!     cargo run --example service                                   # on the in-memory table
 //!     cargo run --example service -- --cassandra 127.0.0.1:9042     # on Cassandra
@@ -14,13 +14,31 @@
 //!
 //! | path | answers |
 //! |---|---|
-//! | `GET /readyz` | 200 while `silo.health().borrow().should_serve()`, else 503 |
-//! | `GET /livez` | 200 while the health is not final, else 503 |
-//! | `GET /work` | 200 and a result while serving; 503 while fenced or leaving |
+//! | `GET /readyz` | 200 while `silo.health().borrow().should_serve()`; 503 while starting (before the join returned), fenced or leaving |
+//! | `GET /livez` | 200 while the health is not final (starting included), else 503 |
+//! | `GET /work` | 200 and a result while serving; 503 while starting, fenced or leaving |
+//!
+//! **Start.** The signal handlers are installed first, then the probes are served (readiness
+//! 503 `starting`, liveness 200), then it connects to the storage and joins. A signal while it
+//! connects exits 0 at once (nothing was written); a signal while it joins lets the join finish
+//! (at most `JOIN_GRACE`, 10 s: past it the join is dropped, and an entry it inserted stays
+//! Joining until defunct cleanup or expiry removes it), leaves if it joined, and exits 0.
+//!
+//! **SIGTERM / Ctrl-C**, in this order: readiness and work answer 503 at once; `silo.leave()`
+//! starts at once; the server stops accepting and drains its open connections — at the same
+//! time as the leave, and for at most `DRAIN`, 10 s (a client that sent half a request cannot
+//! hold it up: axum's graceful shutdown has no bound of its own); then, once the leave
+//! returned, it exits 0.
 //!
 //! The probes of its pod (tests/example_service.rs checks that these paths are the ones served):
 //!
 //! ```yaml
+//! startupProbe:
+//!   httpGet:
+//!     path: /livez
+//!     port: 8080
+//!   periodSeconds: 5
+//!   failureThreshold: 60
 //! readinessProbe:
 //!   httpGet:
 //!     path: /readyz
@@ -35,12 +53,16 @@
 //!   failureThreshold: 3
 //! ```
 //!
-//! With `terminationGracePeriodSeconds` above the leave's bound (`max_join_attempt_time`) the
-//! pod's SIGTERM leaves the cluster before it is killed.
+//! The startup probe gives the join up to 5 min (`max_join_attempt_time`'s default) before the
+//! liveness probe counts. With `terminationGracePeriodSeconds` above the leave's bound
+//! (`max_join_attempt_time`; the drain runs meanwhile) the pod's SIGTERM leaves the cluster
+//! before it is killed.
 
+use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
@@ -50,9 +72,15 @@ use cassandra_membership::{
     CassandraClusteringOptions, CassandraMembershipTable, InMemoryMembershipTable, MembershipTable,
     Silo, SiloAddress, SiloHealth,
 };
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// How long the server drains its open connections after a signal (the leave runs meanwhile).
+const DRAIN: Duration = Duration::from_secs(10);
+/// How long a join a signal interrupted may still take before it is dropped.
+const JOIN_GRACE: Duration = Duration::from_secs(10);
 
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter()
@@ -79,41 +107,47 @@ async fn table(args: &[String], cluster: &str) -> Result<Arc<dyn MembershipTable
     }
 }
 
-/// What the handlers read: the silo's health and whether the process is leaving.
+/// What the handlers read: the silo's health once it joined, and whether the process is leaving.
 #[derive(Clone)]
 struct Service {
-    health: watch::Receiver<SiloHealth>,
+    health: Arc<OnceLock<watch::Receiver<SiloHealth>>>,
     leaving: Arc<AtomicBool>,
     silo: SiloAddress,
 }
 
 impl Service {
+    /// The silo's health; `None` while it starts (its join has not returned).
+    fn health(&self) -> Option<SiloHealth> {
+        self.health.get().map(|h| h.borrow().clone())
+    }
+
     fn serving(&self) -> bool {
-        !self.leaving.load(Ordering::SeqCst) && self.health.borrow().should_serve()
+        !self.leaving.load(Ordering::SeqCst) && self.health().is_some_and(|h| h.should_serve())
     }
 }
 
 async fn readyz(State(s): State<Service>) -> (StatusCode, String) {
-    let health = s.health.borrow().clone();
-    if s.serving() {
-        (StatusCode::OK, format!("ready: {health:?}\n"))
-    } else {
-        (
+    match s.health() {
+        Some(health) if s.serving() => (StatusCode::OK, format!("ready: {health:?}\n")),
+        Some(health) => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: {health:?}\n"),
-        )
+        ),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: starting\n".into(),
+        ),
     }
 }
 
 async fn livez(State(s): State<Service>) -> (StatusCode, String) {
-    let health = s.health.borrow().clone();
-    if health.is_final() {
-        (
+    match s.health() {
+        Some(health) if health.is_final() => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("stopped: {health:?}\n"),
-        )
-    } else {
-        (StatusCode::OK, format!("live: {health:?}\n"))
+        ),
+        Some(health) => (StatusCode::OK, format!("live: {health:?}\n")),
+        None => (StatusCode::OK, "live: starting\n".into()),
     }
 }
 
@@ -129,38 +163,109 @@ async fn work(State(s): State<Service>) -> (StatusCode, String) {
     }
 }
 
-/// SIGTERM (what Kubernetes sends) or Ctrl-C.
-async fn termination() -> &'static str {
+/// SIGTERM (what Kubernetes sends) or Ctrl-C: the handlers are installed when this is called
+/// (a signal before the first poll is kept), and the watch says which came first.
+fn termination() -> watch::Receiver<Option<&'static str>> {
+    let (tx, rx) = watch::channel(None);
     #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("a SIGTERM handler");
-        tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = tokio::signal::ctrl_c() => "Ctrl-C",
+    let first = {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).expect("a SIGTERM handler");
+        let mut int = signal(SignalKind::interrupt()).expect("a SIGINT handler");
+        async move {
+            tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "Ctrl-C",
+            }
         }
-    }
+    };
     #[cfg(not(unix))]
-    {
+    let first = async {
         let _ = tokio::signal::ctrl_c().await;
         "Ctrl-C"
+    };
+    tokio::spawn(async move {
+        let _ = tx.send(Some(first.await));
+    });
+    rx
+}
+
+/// The signal, once one arrived.
+async fn signalled(signal: &mut watch::Receiver<Option<&'static str>>) -> &'static str {
+    match signal.wait_for(Option::is_some).await {
+        Ok(name) => name.unwrap_or("signal"),
+        Err(_) => std::future::pending().await,
     }
 }
 
-/// Why the server stopped.
-enum Stop {
-    Signal(&'static str),
-    Final(SiloHealth),
+/// The HTTP server, and how to stop it.
+struct Server {
+    task: JoinHandle<std::io::Result<()>>,
+    shutdown: oneshot::Sender<()>,
+}
+
+impl Server {
+    /// Stops accepting, drains the open connections for at most [`DRAIN`], then closes the
+    /// ones left.
+    async fn drain(self) -> Result<(), Error> {
+        let Server { mut task, shutdown } = self;
+        let _ = shutdown.send(());
+        match tokio::time::timeout(DRAIN, &mut task).await {
+            Ok(served) => Ok(served??),
+            Err(_) => {
+                println!("drain: connections still open after {DRAIN:?}; closing them");
+                task.abort();
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The leave after a signal: readiness and work already answer 503; the leave starts at once
+/// and the server drains meanwhile (bounded); returns once the leave returned.
+async fn leave(
+    signal: &str,
+    silo: Silo,
+    table: &dyn MembershipTable,
+    server: Server,
+) -> Result<(), Error> {
+    println!("{signal}: leaving the cluster");
+    let address = silo.address();
+    let leave = async {
+        silo.leave().await?;
+        let status = table
+            .read_row(&address)
+            .await?
+            .get(&address)
+            .map(|r| r.entry.status);
+        println!("left: entry of {address} is {status:?}");
+        Ok::<(), Error>(())
+    };
+    let (left, drained) = tokio::join!(leave, server.drain());
+    left?;
+    drained
+}
+
+/// `work` unless a signal comes first (`Err` names it).
+async fn unless_signalled<T>(
+    signal: &mut watch::Receiver<Option<&'static str>>,
+    work: impl Future<Output = T>,
+) -> Result<T, &'static str> {
+    tokio::select! {
+        done = work => Ok(done),
+        name = signalled(signal) => Err(name),
+    }
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
+    // First of all, so a signal while it starts is not the default (an exit without a leave).
+    let mut signal = termination();
     let args: Vec<String> = std::env::args().collect();
     let listen = arg(&args, "--listen")
         .or_else(|| std::env::var("SERVICE_LISTEN").ok())
         .unwrap_or_else(|| "127.0.0.1:8080".into());
     let cluster = arg(&args, "--cluster").unwrap_or_else(|| "service-demo".into());
-    let table = table(&args, &cluster).await?;
 
     let listener = tokio::net::TcpListener::bind(&listen).await?;
     let bound = listener.local_addr()?;
@@ -171,12 +276,10 @@ async fn main() -> Result<(), Error> {
         bound
     };
     let address = SiloAddress::new_incarnation(endpoint)?;
-    // The table's membership options (defaults here) govern the silo.
-    let silo = Silo::join(Arc::clone(&table), address).await?;
-    println!("joined as {address}");
 
+    // The probes are served from here on: starting until the join returns.
     let service = Service {
-        health: silo.health(),
+        health: Arc::new(OnceLock::new()),
         leaving: Arc::new(AtomicBool::new(false)),
         silo: address,
     };
@@ -185,48 +288,68 @@ async fn main() -> Result<(), Error> {
         .route("/livez", get(livez))
         .route("/work", get(work))
         .with_state(service.clone());
-
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<Stop>();
-    let mut health = silo.health();
-    let leaving = Arc::clone(&service.leaving);
-    let watcher = tokio::spawn(async move {
-        let stop = tokio::select! {
-            signal = termination() => Stop::Signal(signal),
-            h = health.wait_for(SiloHealth::is_final) => Stop::Final(h.map(|h| h.clone()).unwrap_or(SiloHealth::Stopped)),
-        };
-        // Refuse work and fail readiness at once; the server then stops accepting connections.
-        leaving.store(true, Ordering::SeqCst);
-        let _ = stop_tx.send(stop);
-    });
-    let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
-    println!("listening on http://{bound}");
-    let server = tokio::spawn(async move {
+    let (shutdown, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async {
-                let _ = shutdown_rx.await;
+                let _ = stopped.await;
             })
             .await
     });
+    let server = Server { task, shutdown };
+    println!("listening on http://{bound}");
 
-    let stop = stop_rx.await?;
-    let _ = shutdown_tx.send(());
-    server.await??;
-    watcher.await?;
-    match stop {
-        Stop::Signal(signal) => {
-            println!("{signal}: leaving the cluster");
-            silo.leave().await?;
-            let status = table
-                .read_row(&address)
-                .await?
-                .get(&address)
-                .map(|r| r.entry.status);
-            println!("left: entry of {address} is {status:?}");
-            Ok(())
+    let table = match unless_signalled(&mut signal, table(&args, &cluster)).await {
+        Ok(table) => table?,
+        Err(name) => {
+            println!("{name} while connecting: exiting (nothing was written)");
+            return server.drain().await;
         }
-        Stop::Final(health) => {
+    };
+
+    // The table's membership options (defaults here) govern the silo.
+    println!("joining as {address}");
+    let mut join = tokio::spawn(Silo::join(Arc::clone(&table), address));
+    let silo = match unless_signalled(&mut signal, &mut join).await {
+        Ok(joined) => joined??,
+        Err(name) => {
+            service.leaving.store(true, Ordering::SeqCst);
+            println!("{name} while joining: the join may take {JOIN_GRACE:?} more, then it leaves");
+            return match tokio::time::timeout(JOIN_GRACE, &mut join).await {
+                Ok(joined) => match joined? {
+                    Ok(silo) => {
+                        println!("joined as {address}");
+                        leave(name, silo, table.as_ref(), server).await
+                    }
+                    Err(e) => {
+                        println!("the join failed: {e}; nothing to leave");
+                        server.drain().await
+                    }
+                },
+                Err(_) => {
+                    join.abort();
+                    println!("the join did not finish within {JOIN_GRACE:?}: dropped");
+                    server.drain().await
+                }
+            };
+        }
+    };
+    println!("joined as {address}");
+    let _ = service.health.set(silo.health());
+
+    let mut health = silo.health();
+    let stop = tokio::select! {
+        name = signalled(&mut signal) => Ok(name),
+        h = health.wait_for(SiloHealth::is_final) => Err(h.map(|h| h.clone()).unwrap_or(SiloHealth::Stopped)),
+    };
+    // Refuse work and fail readiness at once.
+    service.leaving.store(true, Ordering::SeqCst);
+    match stop {
+        Ok(name) => leave(name, silo, table.as_ref(), server).await,
+        Err(health) => {
             println!("stopped by the cluster: {health:?}");
             silo.crash();
+            server.drain().await?;
             std::process::exit(1);
         }
     }

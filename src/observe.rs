@@ -5,7 +5,9 @@
 //! ([`TableMetrics`], in the one wrapper every trait method of the backend goes through, so
 //! direct table users and adapters get them too), and the host runtime records its silos'
 //! heartbeats, health and protocol conflicts (`runtime/observe.rs`). Every series carries the
-//! `service` and `cluster` labels; the runtime's per-silo series also `silo`.
+//! `service` and `cluster` labels; the runtime's per-silo series also `silo`, the silo's endpoint
+//! (`ip:port`: every incarnation of an endpoint shares its series; `membership_silo_info` has
+//! the `generation`).
 //!
 //! [`MembershipTable`]: crate::MembershipTable
 
@@ -78,7 +80,9 @@ impl TableMetrics {
         }
     }
 
-    /// Runs `call`, one table operation, and records its outcome and latency.
+    /// Runs `call`, one table operation, and records its outcome and latency. A call dropped
+    /// before it answered (its caller's timeout: the runtime's `table_operation_timeout`, a
+    /// host's own) is recorded too, as `outcome="cancelled"` with the time it ran.
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) async fn measure<T: Applied>(
         &self,
@@ -86,10 +90,10 @@ impl TableMetrics {
         call: impl Future<Output = Result<T>>,
     ) -> Result<T> {
         #[cfg(feature = "metrics")]
-        let started = std::time::Instant::now();
+        let pending = imp::Pending::new(&self.labels, operation);
         let answer = call.await;
         #[cfg(feature = "metrics")]
-        self.labels.operation(operation, &answer, started.elapsed());
+        pending.answered(&answer);
         answer
     }
 
@@ -116,7 +120,8 @@ pub(crate) mod imp {
     use super::*;
     use crate::error::MembershipError;
 
-    /// Table operations answered, by `operation` and `outcome` (counter).
+    /// Table operations answered or dropped by their caller, by `operation` and `outcome`
+    /// (counter).
     pub(crate) const TABLE_OPERATIONS: &str = "membership_table_operations_total";
     /// Latency of table operations, by `operation` and `outcome` (histogram, seconds).
     pub(crate) const TABLE_OPERATION_DURATION: &str = "membership_table_operation_duration_seconds";
@@ -128,6 +133,8 @@ pub(crate) mod imp {
     pub(crate) const LEASE_HEADROOM: &str = "membership_lease_headroom_seconds";
     /// 1 while a silo should serve, 0 once it must fence or has stopped (gauge).
     pub(crate) const SILO_SERVING: &str = "membership_silo_serving";
+    /// 1 for a silo's current incarnation, by `generation`; 0 once it stopped (gauge).
+    pub(crate) const SILO_INFO: &str = "membership_silo_info";
     /// Times a silo reached `LeaseAtRisk` (counter).
     pub(crate) const FENCES: &str = "membership_fences_total";
     /// Conditional writes of the runtime's protocol that lost a race, by `step` (counter).
@@ -137,7 +144,7 @@ pub(crate) mod imp {
         describe_counter!(
             TABLE_OPERATIONS,
             Unit::Count,
-            "Membership table operations answered, by operation and outcome (ok; conflict: answered, applied nothing; unknown: a conditional write whose outcome is unknown; error: failed)"
+            "Membership table operations answered, by operation and outcome (ok; conflict: answered, applied nothing; unknown: a conditional write whose outcome is unknown; error: failed; cancelled: dropped by its caller before it answered, its outcome unknown)"
         );
         describe_histogram!(
             TABLE_OPERATION_DURATION,
@@ -157,12 +164,17 @@ pub(crate) mod imp {
         describe_gauge!(
             LEASE_HEADROOM,
             Unit::Seconds,
-            "Time left, at the silo's last heartbeat, until its storage lease must be refreshed"
+            "Time left, at the silo's last heartbeat, until its storage lease must be refreshed; 0 once the silo stopped"
         );
         describe_gauge!(
             SILO_SERVING,
             Unit::Count,
-            "1 while the silo should serve (SiloHealth::should_serve), 0 once it must fence or has stopped"
+            "1 while the silo should serve (SiloHealth::should_serve), 0 once it must fence or has stopped (left, crashed, declared dead, entry missing)"
+        );
+        describe_gauge!(
+            SILO_INFO,
+            Unit::Count,
+            "1 for the silo's (endpoint's) current incarnation, labelled by its generation; 0 once that incarnation stopped"
         );
         describe_counter!(
             FENCES,
@@ -174,6 +186,41 @@ pub(crate) mod imp {
             Unit::Count,
             "Conditional writes of the runtime's protocol that lost a race and were retried, by step (join, status, vote)"
         );
+    }
+
+    /// A table call in flight: recorded when it answers ([`Pending::answered`]) or, dropped
+    /// before that, as `cancelled`.
+    pub(super) struct Pending<'a> {
+        labels: &'a Labels,
+        operation: &'static str,
+        started: std::time::Instant,
+        answered: bool,
+    }
+
+    impl<'a> Pending<'a> {
+        pub(super) fn new(labels: &'a Labels, operation: &'static str) -> Self {
+            Pending {
+                labels,
+                operation,
+                started: std::time::Instant::now(),
+                answered: false,
+            }
+        }
+
+        pub(super) fn answered<T: Applied>(mut self, answer: &Result<T>) {
+            self.answered = true;
+            self.labels
+                .operation(self.operation, answer, self.started.elapsed());
+        }
+    }
+
+    impl Drop for Pending<'_> {
+        fn drop(&mut self) {
+            if !self.answered {
+                self.labels
+                    .record(self.operation, "cancelled", self.started.elapsed());
+            }
+        }
     }
 
     /// `service` and `cluster`, built once per table value or silo (the values are shared, not
@@ -219,6 +266,10 @@ pub(crate) mod imp {
                 Err(MembershipError::OutcomeUnknown { .. }) => "unknown",
                 Err(_) => "error",
             };
+            self.record(operation, outcome, took);
+        }
+
+        fn record(&self, operation: &'static str, outcome: &'static str, took: Duration) {
             let labels = self.and(&[("operation", operation), ("outcome", outcome)]);
             metrics::histogram!(TABLE_OPERATION_DURATION, labels.clone()).record(took);
             metrics::counter!(TABLE_OPERATIONS, labels).increment(1);
@@ -237,9 +288,10 @@ mod tests {
     use super::*;
     use crate::error::MembershipError;
 
-    /// The `outcome` of each kind of answer, as the recorder receives it.
+    /// The `outcome` of each kind of answer, and of a call dropped unanswered, as the recorder
+    /// receives it.
     #[test]
-    fn answers_are_counted_as_ok_conflict_unknown_or_error() {
+    fn answers_are_counted_as_ok_conflict_unknown_or_error_and_drops_as_cancelled() {
         let recorder = DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -270,6 +322,12 @@ mod tests {
                 let _ = m
                     .measure("read_all", async { Err::<MembershipSnapshot, _>(timeout) })
                     .await;
+                // Dropped before it answers (what a caller's timeout does).
+                tokio::select! {
+                    biased;
+                    _ = m.measure("read_row", std::future::pending::<Result<MembershipSnapshot>>()) => unreachable!(),
+                    _ = async {} => {}
+                }
             })
         });
         let mut counted: Vec<(String, String, u64)> = snapshotter
@@ -294,6 +352,7 @@ mod tests {
         counted.sort();
         let expected = [
             ("read_all", "error", 1),
+            ("read_row", "cancelled", 1),
             ("update_i_am_alive", "conflict", 1),
             ("update_row", "conflict", 1),
             ("update_row", "ok", 1),

@@ -180,7 +180,8 @@ fn a_heartbeat_a_fence_and_a_cleanup_are_recorded_with_their_labels() {
         silo.crash();
     });
 
-    let me = me.to_string();
+    // `silo` is the endpoint: every incarnation of it shares the series.
+    let me = me.endpoint().to_string();
     let silo = [
         ("service", ""),
         ("cluster", cluster.as_str()),
@@ -220,6 +221,16 @@ fn a_heartbeat_a_fence_and_a_cleanup_are_recorded_with_their_labels() {
         Unit::Seconds,
     );
     assert!((0.0..90.0).contains(&headroom), "headroom {headroom}");
+    // The crashed incarnation's gauges: 0 (the facade cannot remove a series).
+    assert_eq!(
+        gauge(
+            &all,
+            "membership_silo_info",
+            &[&silo[..], &[("generation", "1")]].concat(),
+            Unit::Count
+        ),
+        0.0
+    );
     // The join's lost insert race, retried.
     assert_eq!(
         counter(
@@ -400,4 +411,193 @@ fn the_cassandra_table_records_every_operation_by_outcome_with_its_latency() {
         "no other operation or outcome: {:?}",
         all[OPERATIONS].keys()
     );
+}
+
+/// A table call its caller stopped waiting for (the runtime's `table_operation_timeout` bound,
+/// a host's own timeout) is counted, as `cancelled`, with the time it ran: those are the calls
+/// that fence a silo. Real node (review finding: they were recorded nowhere).
+#[test]
+fn a_table_call_its_caller_stopped_waiting_for_is_counted_as_cancelled() {
+    let cluster = format!("metrics-{}", uuid::Uuid::new_v4());
+    let service = "metrics-svc";
+    let all = with_recorder(false, || async {
+        let options = CassandraClusteringOptions::default()
+            .keyspace("cm_metrics")
+            .service_id(service)
+            .cluster_id(cluster.clone())
+            .contact_points([contact_point()])
+            .create_keyspace_simple(1);
+        let table = CassandraMembershipTable::connect(options)
+            .await
+            .unwrap_or_else(|e| panic!("no Cassandra node at {} ({e})", contact_point()));
+        table.initialize(true).await.unwrap();
+        let cut = tokio::time::timeout(Duration::from_micros(1), table.read_all()).await;
+        assert!(cut.is_err(), "the read answered within 1 µs");
+        table.delete_cluster(&cluster).await.unwrap();
+    });
+    let labels = [
+        ("service", service),
+        ("cluster", cluster.as_str()),
+        ("operation", "read_all"),
+        ("outcome", "cancelled"),
+    ];
+    assert_eq!(counter(&all, OPERATIONS, &labels), 1);
+    let took = histogram(&all, DURATION, &labels);
+    assert_eq!(took.len(), 1, "one latency: {took:?}");
+    assert!(took[0] > 0.0 && took[0] < 1.0, "{took:?}");
+}
+
+/// A paused clock and an in-memory table with expiry (so leases have headroom) and no cleanup.
+fn leased_table(cluster: &str, clock: &Arc<TokioClock>) -> Arc<InMemoryMembershipTable> {
+    let o = MembershipOptions::default()
+        .i_am_alive_table_publish_timeout(Duration::from_secs(10))
+        .defunct_silo_cleanup_period(None);
+    Arc::new(
+        InMemoryMembershipTable::new(cluster)
+            .with_options(o)
+            .with_clock(clock.clone())
+            .with_expiry(Duration::from_secs(3600)),
+    )
+}
+
+/// Joins `address` on `table` and waits until it is Healthy.
+async fn healthy(
+    table: Arc<InMemoryMembershipTable>,
+    address: &str,
+    clock: &Arc<TokioClock>,
+) -> Silo {
+    let silo = Silo::builder(table, address.parse().unwrap())
+        .clock(clock.clone())
+        .join()
+        .await
+        .unwrap();
+    silo.health()
+        .wait_for(|h| matches!(h, SiloHealth::Healthy { .. }))
+        .await
+        .unwrap();
+    silo
+}
+
+/// The per-silo gauges of `10.0.0.1:11111` on `cluster`: serving, headroom, and the info of
+/// each generation.
+fn silo_gauges(all: &Recorded, cluster: &str) -> (f64, f64, BTreeMap<String, f64>) {
+    let silo = [
+        ("service", ""),
+        ("cluster", cluster),
+        ("silo", "10.0.0.1:11111"),
+    ];
+    let serving = gauge(all, "membership_silo_serving", &silo, Unit::Count);
+    let headroom = gauge(
+        all,
+        "membership_lease_headroom_seconds",
+        &silo,
+        Unit::Seconds,
+    );
+    let info = all["membership_silo_info"]
+        .iter()
+        .map(|(labels, s)| {
+            let DebugValue::Gauge(v) = s.value else {
+                panic!("{s:?}")
+            };
+            (labels["generation"].clone(), v.into_inner())
+        })
+        .collect();
+    (serving, headroom, info)
+}
+
+/// After `leave()` the silo has no lease and does not serve: its gauges say 0, not the last
+/// healthy values (review finding: the headroom stayed at its last value for ever).
+#[test]
+fn a_silo_that_left_reports_neither_serving_nor_lease_headroom() {
+    let cluster = format!("metrics-{}", uuid::Uuid::new_v4());
+    let all = with_recorder(true, || async {
+        let clock = Arc::new(TokioClock::new());
+        let silo = healthy(leased_table(&cluster, &clock), "10.0.0.1:11111@1", &clock).await;
+        silo.leave().await.unwrap();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    });
+    let (serving, headroom, info) = silo_gauges(&all, &cluster);
+    assert_eq!((serving, headroom), (0.0, 0.0));
+    assert_eq!(info, BTreeMap::from([("1".to_owned(), 0.0)]));
+}
+
+/// `crash()` publishes no final state, but its gauges go to 0 too (review finding: serving
+/// stayed 1 for an incarnation that no longer exists).
+#[test]
+fn a_crashed_silo_reports_neither_serving_nor_lease_headroom() {
+    let cluster = format!("metrics-{}", uuid::Uuid::new_v4());
+    let all = with_recorder(true, || async {
+        let clock = Arc::new(TokioClock::new());
+        let silo = healthy(leased_table(&cluster, &clock), "10.0.0.1:11111@1", &clock).await;
+        silo.crash();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    });
+    let (serving, headroom, info) = silo_gauges(&all, &cluster);
+    assert_eq!((serving, headroom), (0.0, 0.0));
+    assert_eq!(info, BTreeMap::from([("1".to_owned(), 0.0)]));
+}
+
+/// A silo declared dead stops (its gauges 0), and its rejoin as a new incarnation of the same
+/// endpoint reuses the endpoint's series instead of minting new ones: `silo` is `ip:port`,
+/// and `membership_silo_info` says which generation is current.
+#[test]
+fn a_declared_dead_silo_stops_and_its_rejoin_reuses_the_endpoint_s_series() {
+    let cluster = format!("metrics-{}", uuid::Uuid::new_v4());
+    let (at_death, all) = {
+        let mut at_death = None;
+        let all = with_recorder(true, || async {
+            let clock = Arc::new(TokioClock::new());
+            let table = leased_table(&cluster, &clock);
+            let first = healthy(table.clone(), "10.0.0.1:11111@1", &clock).await;
+            let me = first.address();
+            assert!(
+                cassandra_membership::runtime::protocol::set_status(
+                    table.as_ref(),
+                    &me,
+                    SiloStatus::Dead,
+                    clock.now()
+                )
+                .await
+                .unwrap()
+            );
+            assert_eq!(
+                first.wait_final(Duration::from_secs(120)).await,
+                SiloHealth::DeclaredDead
+            );
+            at_death = Some(first.health().borrow().clone());
+            first.crash(); // what a host does with a dead incarnation: no effect on the gauges
+            let second = healthy(table.clone(), "10.0.0.1:11111@2", &clock).await;
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            assert!(second.health().borrow().should_serve());
+            // `second` is still running when the recorder is read.
+        });
+        (at_death, all)
+    };
+    assert_eq!(at_death, Some(SiloHealth::DeclaredDead));
+    let (serving, headroom, info) = silo_gauges(&all, &cluster);
+    assert_eq!(serving, 1.0, "the second incarnation serves");
+    assert!(
+        headroom > 3000.0,
+        "the second incarnation's headroom: {headroom}"
+    );
+    assert_eq!(
+        info,
+        BTreeMap::from([("1".to_owned(), 0.0), ("2".to_owned(), 1.0)])
+    );
+    // One series per endpoint: no silo label carries a generation.
+    for (name, by_labels) in &all {
+        for labels in by_labels.keys() {
+            if let Some(silo) = labels.get("silo") {
+                assert_eq!(silo, "10.0.0.1:11111", "{name}{labels:?}");
+            }
+        }
+    }
+    let beats: u64 = all["membership_heartbeats_total"]
+        .values()
+        .map(|s| match s.value {
+            DebugValue::Counter(n) => n,
+            ref other => panic!("{other:?}"),
+        })
+        .sum();
+    assert!(beats >= 4, "both incarnations count in one series: {beats}");
 }

@@ -52,6 +52,9 @@ fn publish(sender: &HealthSender, health: SiloHealth) {
     });
     if let Some(change) = change {
         sender.metrics.health_changed(change);
+        if sender.tx.borrow().is_final() {
+            sender.metrics.stopped();
+        }
     }
 }
 
@@ -160,9 +163,11 @@ impl Heartbeat {
         publish(&self.health_tx, SiloHealth::Stopped);
     }
 
-    /// Ends the task at once, as if the process had crashed.
+    /// Ends the task at once, as if the process had crashed (the health watch is left as it
+    /// is; the silo's gauges go to 0).
     pub(crate) fn abort(self) {
         self.task.abort();
+        self.health_tx.metrics.stopped();
     }
 }
 

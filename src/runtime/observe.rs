@@ -6,11 +6,22 @@ use crate::model::{SiloAddress, Timestamp};
 use crate::runtime::health::SiloHealth;
 use crate::table::MembershipTable;
 
-/// One silo's series: labelled with its service, cluster and address.
+/// One silo's series: labelled with its service, cluster and endpoint (`silo="ip:port"`, the
+/// same for every incarnation of the endpoint, so a rejoin or a restart reuses its series); the
+/// generation is a label of `membership_silo_info` only.
 #[derive(Clone, Debug)]
 pub(crate) struct SiloMetrics {
     #[cfg(feature = "metrics")]
     labels: crate::observe::imp::Labels,
+    #[cfg(feature = "metrics")]
+    generation: String,
+    /// Set once a headroom was recorded (a silo with an unbounded lease has no such series).
+    #[cfg(feature = "metrics")]
+    leased: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Set once [`SiloMetrics::stopped`] ran: it zeroes the series once, so a later crash of
+    /// an incarnation that already stopped cannot zero its endpoint's next one.
+    #[cfg(feature = "metrics")]
+    stopped: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What a change of a silo's health was, for [`SiloMetrics::health_changed`].
@@ -35,12 +46,52 @@ impl HealthChange {
 
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 impl SiloMetrics {
+    /// The series of `silo`: its `membership_silo_info` is 1 and it serves (it is Starting).
     pub(crate) fn new(table: &dyn MembershipTable, silo: &SiloAddress) -> Self {
         crate::observe::describe_once();
-        SiloMetrics {
+        let metrics = SiloMetrics {
             #[cfg(feature = "metrics")]
             labels: crate::observe::imp::Labels::new(table.service_id(), table.cluster_id())
-                .with("silo", silo.to_string()),
+                .with("silo", silo.endpoint().to_string()),
+            #[cfg(feature = "metrics")]
+            generation: silo.generation().to_string(),
+            #[cfg(feature = "metrics")]
+            leased: Default::default(),
+            #[cfg(feature = "metrics")]
+            stopped: Default::default(),
+        };
+        #[cfg(feature = "metrics")]
+        {
+            use crate::observe::imp::SILO_SERVING;
+            metrics.info(1.0);
+            metrics::gauge!(SILO_SERVING, metrics.labels.all()).set(1.0);
+        }
+        metrics
+    }
+
+    #[cfg(feature = "metrics")]
+    fn info(&self, value: f64) {
+        let labels = self.labels.with("generation", self.generation.clone());
+        metrics::gauge!(crate::observe::imp::SILO_INFO, labels.all()).set(value);
+    }
+
+    /// The incarnation stopped (left, crashed, declared dead, lost its entry): its gauges go to
+    /// 0 — serving, lease headroom (when it had one) and its `membership_silo_info`. The
+    /// `metrics` facade cannot remove a series, so exporters keep showing them at 0. Once only.
+    pub(crate) fn stopped(&self) {
+        #[cfg(feature = "metrics")]
+        {
+            use std::sync::atomic::Ordering;
+
+            use crate::observe::imp::{LEASE_HEADROOM, SILO_SERVING};
+            if self.stopped.swap(true, Ordering::SeqCst) {
+                return;
+            }
+            metrics::gauge!(SILO_SERVING, self.labels.all()).set(0.0);
+            if self.leased.load(Ordering::SeqCst) {
+                metrics::gauge!(LEASE_HEADROOM, self.labels.all()).set(0.0);
+            }
+            self.info(0.0);
         }
     }
 
@@ -60,6 +111,7 @@ impl SiloMetrics {
             };
             // While heartbeats fail the headroom keeps falling (to 0): what an alert watches.
             if let Some(h) = lease.and_then(|l| l.headroom(now)) {
+                self.leased.store(true, std::sync::atomic::Ordering::SeqCst);
                 metrics::gauge!(LEASE_HEADROOM, self.labels.all()).set(h.as_secs_f64());
             }
             metrics::counter!(HEARTBEATS, self.labels.and(&[("outcome", outcome)])).increment(1);
