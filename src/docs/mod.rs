@@ -7,6 +7,7 @@
 //! | [`configuration`] | every option and its default |
 //! | [`fencing`] | what a host does on each [`SiloHealth`](crate::SiloHealth), and why it is safe |
 //! | [`guarantees`] | the contract each operation keeps, its honest outcomes and time bounds; the Orleans provider's known defects |
+//! | [`cleanup`] | defunct cleanup: one per table and process, the age and count rules |
 //! | [`expiry`] | storage-side expiry: its contract, mixed settings, tables that disagree, migrating |
 //! | [`consistency`] | consistency profiles and data centres |
 //! | [`schema`] | the table's layout |
@@ -26,6 +27,9 @@ pub mod fencing {}
 
 #[doc = include_str!("guarantees.md")]
 pub mod guarantees {}
+
+#[doc = include_str!("cleanup.md")]
+pub mod cleanup {}
 
 #[doc = include_str!("expiry.md")]
 pub mod expiry {}
