@@ -14,7 +14,7 @@
 //! | [`tombstones`] | what expired and deleted data costs, and `gc_grace` |
 //! | [`costs`] | the statements each operation executes |
 //! | [`observability`] | tracing and metrics |
-//! | [`operating`] | the command line, supported releases, Paxos v2 |
+//! | [`operating`] | the command line (TLS, declare-dead, cleanup, JSON, exit codes), supported releases, Paxos v2 |
 //!
 //! Working on the crate itself (the test set-up, the Cassandra nodes, the fault suite, the layout
 //! of the code): [CONTRIBUTING.md](https://github.com/cassandra-membership/cassandra-membership/blob/main/CONTRIBUTING.md).
