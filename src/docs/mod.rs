@@ -7,13 +7,14 @@
 //! | [`configuration`] | every option and its default |
 //! | [`fencing`] | what a host does on each [`SiloHealth`](crate::SiloHealth), and why it is safe |
 //! | [`guarantees`] | the contract each operation keeps, its honest outcomes and time bounds; the Orleans provider's known defects |
+//! | [`cleanup`] | defunct cleanup: one per table and process, the age and count rules |
 //! | [`expiry`] | storage-side expiry: its contract, mixed settings, tables that disagree, migrating |
 //! | [`consistency`] | consistency profiles and data centres |
 //! | [`schema`] | the table's layout |
 //! | [`tombstones`] | what expired and deleted data costs, and `gc_grace` |
 //! | [`costs`] | the statements each operation executes |
 //! | [`observability`] | tracing and metrics |
-//! | [`operating`] | the command line, supported releases, Paxos v2 |
+//! | [`operating`] | the command line (TLS, declare-dead, cleanup, JSON, exit codes), supported releases, Paxos v2 |
 //!
 //! Working on the crate itself (the test set-up, the Cassandra nodes, the fault suite, the layout
 //! of the code): [CONTRIBUTING.md](https://github.com/cassandra-membership/cassandra-membership/blob/main/CONTRIBUTING.md).
@@ -26,6 +27,9 @@ pub mod fencing {}
 
 #[doc = include_str!("guarantees.md")]
 pub mod guarantees {}
+
+#[doc = include_str!("cleanup.md")]
+pub mod cleanup {}
 
 #[doc = include_str!("expiry.md")]
 pub mod expiry {}
