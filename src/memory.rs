@@ -388,6 +388,25 @@ impl MembershipTable for InMemoryMembershipTable {
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id))]
+    async fn cleanup_dead_entries(&self, before: Timestamp) -> Result<usize> {
+        let removed = self
+            .answer("cleanup_dead_entries", || {
+                Ok(self.with_cluster(|c, _| {
+                    let len = c.rows.len();
+                    c.rows.retain(|_, row| {
+                        let read = row.read();
+                        read.entry.status != SiloStatus::Dead
+                            || read.entry.last_activity() >= before
+                    });
+                    len - c.rows.len()
+                }))
+            })
+            .await?;
+        self.metrics.removed(removed);
+        Ok(removed)
+    }
+
+    #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id))]
     async fn delete_cluster(&self, cluster_id: &str) -> Result<()> {
         self.answer("delete_cluster", || {
             if cluster_id.is_empty() {

@@ -167,6 +167,14 @@ pub trait MembershipTable: Send + Sync + Debug {
     /// older than `before`. Does not change the table version. Returns how many it removed.
     async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize>;
 
+    /// Deletes every **Dead** entry whose [`MembershipEntry::last_activity`] is older than
+    /// `before` — the Dead-entry limit (`max_defunct_silo_entries`). Unlike
+    /// [`MembershipTable::cleanup_defunct`] it never removes a Joining, ShuttingDown (or
+    /// Created) entry, however old: a burst of recent deaths puts the limit's cutoff a moment
+    /// ago, where silos that are starting or stopping right now also are. Does not change the
+    /// table version. Returns how many it removed.
+    async fn cleanup_dead_entries(&self, before: Timestamp) -> Result<usize>;
+
     /// Removes all data of cluster `cluster_id` (of this table's service) and nothing of any
     /// other cluster. The cluster can be used again after [`MembershipTable::initialize`].
     async fn delete_cluster(&self, cluster_id: &str) -> Result<()>;

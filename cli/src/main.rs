@@ -93,7 +93,8 @@ struct Cli {
     #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_CONNECT_TIMEOUT", value_parser = humantime::parse_duration)]
     connect_timeout: Option<Duration>,
     /// Storage-side expiry on or off (the options file's `ttl`). `patch` needs it set here or in
-    /// the file: it enforces it on the whole table.
+    /// the file: it enforces it on the whole table. `declare-dead` adopts the table's expiry
+    /// when it is not set, and refuses (exit 2) a value that disagrees with the cluster.
     #[arg(
         long,
         global = true,
@@ -182,7 +183,9 @@ enum Command {
     /// versioned write of its entry (status Dead) at the table version read, retried a few
     /// times when a silo writes in between. Shows the entry and refuses without --yes (exit 3).
     /// The silo itself stops when it reads its entry (it is fenced); the entry stays until
-    /// cleanup or expiry removes it.
+    /// cleanup or expiry removes it. Without --ttl (or `ttl` in the config file) it writes with
+    /// the table's expiry (its default_time_to_live); a `ttl` that is set must agree with the
+    /// cluster as its silos' own check does, or the command is refused (exit 2).
     DeclareDead {
         /// The silo's address as `members` prints it, e.g. 10.0.0.7:11111@120000000.
         #[arg(value_name = "SILO")]
@@ -348,7 +351,15 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             print(json, &a, || report::audit_text(&a))
         }
         Command::Patch { yes } => patch(&table, yes, json).await,
-        Command::DeclareDead { silo, yes } => remove::declare_dead(&table, &silo, yes, json).await,
+        Command::DeclareDead { silo, yes } => {
+            // Parsed before anything is read, so a malformed address is a usage error at once.
+            silo.parse::<cassandra_membership::SiloAddress>()?;
+            let table = match remove::expiry_of_the_cluster(&table, ttl_explicit).await? {
+                Some(adopted) => connect(adopted).await?,
+                None => table,
+            };
+            remove::declare_dead(&table, &silo, yes, json).await
+        }
         Command::Cleanup {
             older_than,
             dry_run,

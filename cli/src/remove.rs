@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use cassandra_membership::{
-    CassandraMembershipTable, MembershipEntry, MembershipError, MembershipTable, SiloAddress,
-    SiloStatus, Timestamp,
+    CassandraClusteringOptions, CassandraMembershipTable, MembershipEntry, MembershipError,
+    MembershipTable, SiloAddress, SiloStatus, Timestamp,
 };
 use comfy_table::{Table, presets};
 use serde::Serialize;
@@ -153,6 +153,68 @@ pub(crate) async fn declare_dead(
         }
         tracing::info!(%address, attempts, "the table changed since it was read; reading again");
     }
+}
+
+/// A versioned write (`declare-dead`) carries the configured expiry on the entry and on the
+/// table version: with `ttl` off (the library's default) it writes them `USING TTL 0`, with it
+/// on it gives them the configured TTL. Written with expiry other than the cluster's, the Dead
+/// entry and the partition would never expire (or expire on another schedule) and the
+/// cluster's silos would fail `TtlMismatch` at their next start.
+///
+/// So when `ttl` was not set (no `--ttl`, no `ttl` in the file) the command adopts the table's:
+/// `default_time_to_live` > 0 means expiry on with that TTL as `defunct_silo_expiration` (the
+/// table is created with exactly that) — `Some(options)` to reconnect with. When `ttl` was set
+/// the cluster must agree with it as a starting silo's audit sees it (a version without TTL
+/// alone is what a silo repairs itself), or the command is a usage error (exit 2) saying what
+/// to pass. (`cleanup` and `delete-cluster` only delete; `patch` needs an explicit `ttl`
+/// because changing the table to it is its purpose.)
+pub(crate) async fn expiry_of_the_cluster(
+    table: &CassandraMembershipTable,
+    ttl_explicit: bool,
+) -> Result<Option<CassandraClusteringOptions>, CliError> {
+    let audit = table.audit_ttl().await?;
+    let configured = table.options();
+    if !ttl_explicit {
+        if audit.table_default_ttl == 0 {
+            return Ok(None);
+        }
+        let mut adopted = configured.clone();
+        adopted.ttl = true;
+        adopted.membership.defunct_silo_expiration = Duration::from_secs(audit.table_default_ttl);
+        tracing::info!(
+            ttl_seconds = audit.table_default_ttl,
+            "ttl not set: writing with the table's default_time_to_live"
+        );
+        return Ok(Some(adopted));
+    }
+    if audit.agrees() || audit.only_the_version_disagrees() {
+        return Ok(None);
+    }
+    let what = |ttl: u64| {
+        if ttl == 0 {
+            "no expiry".to_string()
+        } else {
+            format!("a TTL of {ttl} s")
+        }
+    };
+    let rows = match audit.disagreeing() {
+        0 => String::new(),
+        n => format!(
+            ", {n} of cluster {}'s rows (or its version) disagree",
+            configured.cluster_id
+        ),
+    };
+    Err(CliError::Usage(format!(
+        "{} has {} (default_time_to_live){rows}, while the configured expiry is {} (ttl = {}, \
+         defunct_silo_expiration): this write would leave the entry and the table version \
+         expiring other than the cluster's silos expect, and those silos would fail \
+         TtlMismatch at their next start; leave ttl unset (no --ttl) to write with the table's \
+         TTL, or configure ttl and defunct_silo_expiration as the cluster's silos do",
+        audit.table,
+        what(audit.table_default_ttl),
+        what(audit.configured_ttl),
+        configured.ttl,
+    )))
 }
 
 #[derive(Serialize)]

@@ -1399,4 +1399,141 @@ fn one_spelling_of_each_value_and_tls_flags_are_validated_before_connecting() {
         stderr.contains("tls.ca_file") && stderr.contains("/no/such/ca.pem"),
         "{stderr}"
     );
+    // Review 25: `verify = false` in the file would silently ignore the CA and the name given
+    // on the command line (any certificate accepted): refused, naming each.
+    let file = config_file("[tls]\nverify = false\n");
+    let file = file.to_str().unwrap();
+    for (flag, value, option) in [
+        ("--tls-ca", "/ca.pem", "tls.ca_file"),
+        ("--tls-server-name", "db.internal", "tls.server_name"),
+    ] {
+        let (_, stderr) = exits(
+            bare()
+                .args(["--config", file, "--service", "shop", "--cluster", "blue"])
+                .args([flag, value, "members"]),
+            2,
+        );
+        assert!(
+            stderr.contains(option) && stderr.contains("tls.verify is off"),
+            "{flag}: {stderr}"
+        );
+    }
+}
+
+/// Review 25, finding 1: on a cluster with storage-side expiry, `declare-dead` run as `--help`
+/// shows it (no `--ttl`: the library's default is off) rewrote the entry and the version
+/// `USING TTL 0` — the Dead entry and the partition never expired, and a silo starting with the
+/// cluster's options failed `TtlMismatch`. Without `--ttl` it now writes with the table's TTL;
+/// a `--ttl` that disagrees with the cluster (off, or on with another expiration) is refused
+/// (exit 2) before anything is written.
+#[tokio::test(flavor = "multi_thread")]
+async fn declare_dead_writes_with_the_clusters_ttl_and_refuses_one_that_disagrees() {
+    let table = unique_table();
+    let t = cluster(&table, "blue", true).await;
+    assert!(t.storage_expiry().covers_defunct_cleanup);
+    let stuck = MembershipEntry::new(
+        addr("10.0.0.7:11111@1"),
+        SiloStatus::Active,
+        Timestamp::now(),
+    );
+    insert(&t, stuck).await;
+    let before = t.inspect().await.unwrap();
+    let entry_ttl = before.entries[0].ttl_seconds.expect("the entry expires");
+    assert!(before.version_ttl_seconds.is_some_and(|s| s > 0));
+
+    // --ttl false, and --ttl true with the CLI's default expiration (7 days, the table's 1 h).
+    for ttl in ["false", "true"] {
+        let (_, stderr) = exits(
+            cli(&table).args(["--ttl", ttl, "--cluster", "blue"]).args([
+                "declare-dead",
+                "10.0.0.7:11111@1",
+                "--yes",
+            ]),
+            2,
+        );
+        assert!(
+            stderr.contains("default_time_to_live") && stderr.contains("no --ttl"),
+            "--ttl {ttl}: says why and what to do: {stderr}"
+        );
+    }
+    let refused = t.inspect().await.unwrap();
+    assert_eq!(
+        refused.entries[0].entry.status,
+        SiloStatus::Active,
+        "nothing written"
+    );
+
+    let r = json(cli(&table).args([
+        "--cluster",
+        "blue",
+        "declare-dead",
+        "10.0.0.7:11111@1",
+        "--yes",
+        "--json",
+    ]));
+    assert_eq!(r["declared"], true, "{r}");
+    let after = t.inspect().await.unwrap();
+    assert_eq!(after.entries[0].entry.status, SiloStatus::Dead);
+    // A silo of the cluster starting now (same options, default ttl_mismatch policy: throw).
+    let restart = CassandraMembershipTable::connect(options(&table, "blue", true))
+        .await
+        .unwrap();
+    let started = restart.initialize(true).await;
+    let found = format!(
+        "entry ttl_seconds {:?} (before {entry_ttl}), version_ttl_seconds {:?}, a starting silo's initialize: {:?}",
+        after.entries[0].ttl_seconds, after.version_ttl_seconds, started
+    );
+    assert!(
+        after.entries[0]
+            .ttl_seconds
+            .is_some_and(|s| s > 0 && s <= entry_ttl + 5),
+        "{found}"
+    );
+    assert!(after.version_ttl_seconds.is_some_and(|s| s > 0), "{found}");
+    assert!(started.is_ok(), "{found}");
+    drop_table(&t).await;
+}
+
+/// The mirror case on a table without expiry: `--ttl true` is refused (exit 2), the default
+/// writes without TTL.
+#[tokio::test(flavor = "multi_thread")]
+async fn declare_dead_with_ttl_on_a_cluster_without_expiry_is_refused() {
+    let table = unique_table();
+    let t = cluster(&table, "blue", false).await;
+    let stuck = MembershipEntry::new(
+        addr("10.0.0.8:11111@1"),
+        SiloStatus::Active,
+        Timestamp::now(),
+    );
+    insert(&t, stuck).await;
+    let (_, stderr) = exits(
+        cli(&table).args([
+            "--ttl",
+            "true",
+            "--cluster",
+            "blue",
+            "declare-dead",
+            "10.0.0.8:11111@1",
+            "--yes",
+        ]),
+        2,
+    );
+    assert!(stderr.contains("no expiry"), "{stderr}");
+    assert_eq!(
+        t.inspect().await.unwrap().entries[0].entry.status,
+        SiloStatus::Active
+    );
+    let r = json(cli(&table).args([
+        "--cluster",
+        "blue",
+        "declare-dead",
+        "10.0.0.8:11111@1",
+        "--yes",
+        "--json",
+    ]));
+    assert_eq!(r["declared"], true, "{r}");
+    let after = t.inspect().await.unwrap();
+    assert_eq!(after.entries[0].entry.status, SiloStatus::Dead);
+    assert_eq!(after.entries[0].ttl_seconds, None);
+    drop_table(&t).await;
 }

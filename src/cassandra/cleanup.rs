@@ -22,6 +22,24 @@ const DELETE_CHUNK: usize = 100;
 /// The operation of `cleanup_defunct`'s statements.
 const OPERATION: &str = "cleanup_defunct";
 
+/// Which entries a cleanup removes (both: only those with no activity since the cutoff).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Defunct {
+    /// Every entry that is not Active (`cleanup_defunct`, the age limit).
+    NotActive,
+    /// Only Dead entries (`cleanup_dead_entries`, the Dead-entry limit).
+    Dead,
+}
+
+impl Defunct {
+    fn removes(self, status: SiloStatus) -> bool {
+        match self {
+            Defunct::NotActive => status != SiloStatus::Active,
+            Defunct::Dead => status == SiloStatus::Dead,
+        }
+    }
+}
+
 /// The raw content of a partition: every row key as stored and the version tag as stored.
 struct RawKeys {
     keys: Vec<String>,
@@ -105,9 +123,9 @@ impl CassandraMembershipTable {
         })
     }
 
-    /// `cleanup_defunct`: conditional deletes of qualifying entries, then empty rows and
-    /// orphaned heartbeat elements.
-    pub(super) async fn cleanup(&self, before: Timestamp) -> Result<usize> {
+    /// `cleanup_defunct` / `cleanup_dead_entries`: conditional deletes of the entries `which`
+    /// selects, then empty rows and orphaned heartbeat elements.
+    pub(super) async fn cleanup(&self, before: Timestamp, which: Defunct) -> Result<usize> {
         let st = self.statements().await?;
         let read = self.read_partition(self.pk()).await?;
         let mut removed = 0usize;
@@ -116,7 +134,7 @@ impl CassandraMembershipTable {
             let key = stored.entry.address.to_string();
             let heartbeat = read.heartbeats.get(&key).copied();
             let entry = merge_heartbeat(stored.entry.clone(), heartbeat);
-            if entry.status == SiloStatus::Active || entry.last_activity() >= before {
+            if !which.removes(entry.status) || entry.last_activity() >= before {
                 continue;
             }
             let values = DeleteEntryValues {

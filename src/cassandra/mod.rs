@@ -20,6 +20,7 @@
 
 mod bind;
 mod cleanup;
+use cleanup::Defunct;
 mod datacenter;
 mod decode;
 mod errors;
@@ -486,7 +487,18 @@ impl MembershipTable for CassandraMembershipTable {
 
     #[instrument(level = "info", skip(self), fields(cluster = %self.cluster_id, removed))]
     async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize> {
-        let removed = self.answer("cleanup_defunct", self.cleanup(before)).await?;
+        let removed = self
+            .answer("cleanup_defunct", self.cleanup(before, Defunct::NotActive))
+            .await?;
+        self.metrics.removed(removed);
+        Ok(removed)
+    }
+
+    #[instrument(level = "info", skip(self), fields(cluster = %self.cluster_id, removed))]
+    async fn cleanup_dead_entries(&self, before: Timestamp) -> Result<usize> {
+        let removed = self
+            .answer("cleanup_dead_entries", self.cleanup(before, Defunct::Dead))
+            .await?;
         self.metrics.removed(removed);
         Ok(removed)
     }

@@ -46,6 +46,8 @@ pub struct TlsOptions {
     /// Verify the nodes' certificates. Default true. `false` accepts any certificate (the
     /// connection is encrypted but not authenticated: anyone on the path can pose as the
     /// cluster and read the credentials); `connect` logs a warning each time. Tests only.
+    /// With `verify` off, `ca_file` and `server_name` must not be set (validation names the
+    /// one that is: it would be ignored).
     pub verify: bool,
 }
 
@@ -109,6 +111,22 @@ impl TlsOptions {
                 ));
             }
             _ => {}
+        }
+        // Verification off ignores what only verification uses: refuse rather than let an
+        // operator believe a CA or a name is checked.
+        if !self.verify {
+            for (option, set) in [
+                ("tls.ca_file", self.ca_file.is_some()),
+                ("tls.server_name", self.server_name.is_some()),
+            ] {
+                if set {
+                    return Err(MembershipError::config(
+                        option,
+                        "is set while tls.verify is off, which accepts any certificate and would \
+                         ignore it; turn tls.verify on to check the nodes' certificates, or remove it",
+                    ));
+                }
+            }
         }
         if self.verify && self.ca_file.is_none() {
             return Err(MembershipError::config(
@@ -405,6 +423,23 @@ mod tests {
             .validate()
             .unwrap_err();
         assert!(e.to_string().contains("tls.server_name"), "{e}");
+        // Verification off would ignore a CA or a name: refused, naming it.
+        let e = TlsOptions::with_ca_file("ca.pem")
+            .verify(false)
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("tls.ca_file"), "{e}");
+        let e = TlsOptions::default()
+            .verify(false)
+            .server_name("db.internal")
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("tls.server_name"), "{e}");
+        TlsOptions::default()
+            .verify(false)
+            .client_certificate("c.pem", "k.pem")
+            .validate()
+            .unwrap();
     }
 
     #[test]

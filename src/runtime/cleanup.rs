@@ -7,9 +7,11 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -63,10 +65,12 @@ pub const TIMESTAMP_TICK: Duration = Duration::from_millis(1);
 /// start time and suspicion votes, so a silo just declared dead ranks as recent); the cutoff is
 /// the time of the newest entry to remove plus one [`TIMESTAMP_TICK`].
 ///
-/// Passed to [`MembershipTable::cleanup_defunct`], the cutoff removes, as in Orleans, every
-/// non-Active entry older than it — Dead or not — and every Dead entry at the same millisecond
-/// as the newest removed one: entries tied at the boundary go together, so fewer than `max` may
-/// remain.
+/// Passed to [`MembershipTable::cleanup_dead_entries`], the cutoff removes every Dead entry
+/// older than it, including every one at the same millisecond as the newest removed one:
+/// entries tied at the boundary go together, so fewer than `max` may remain. (Orleans passes it
+/// to `CleanupDefunctSiloEntries`, which also removes every non-Active entry older than it; a
+/// burst of recent deaths puts the cutoff a moment ago, where silos that are starting or
+/// stopping right now are, so we remove Dead entries only.)
 pub fn excess_dead_cutoff<'a>(
     entries: impl IntoIterator<Item = &'a MembershipEntry>,
     max: u64,
@@ -115,14 +119,14 @@ pub fn first_active_silo<'a>(
 }
 
 /// One application of the Dead-entry limit: reads the table, and when it holds more than `max`
-/// Dead entries, calls [`MembershipTable::cleanup_defunct`] with [`excess_dead_cutoff`].
+/// Dead entries, calls [`MembershipTable::cleanup_dead_entries`] with [`excess_dead_cutoff`].
 /// Returns how many entries that removed (0 when within the limit). The caller decides who
 /// applies it (Orleans: only the first Active silo, [`first_active_silo`]); both backends give
-/// the same result, since the rule needs only `read_all` and `cleanup_defunct`.
+/// the same result, since the rule needs only `read_all` and `cleanup_dead_entries`.
 pub async fn remove_excess_dead_entries(table: &dyn MembershipTable, max: u64) -> Result<usize> {
     let snapshot = table.read_all().await?;
     match excess_dead_cutoff(snapshot.rows.iter().map(|r| &r.entry), max) {
-        Some(before) => table.cleanup_defunct(before).await,
+        Some(before) => table.cleanup_dead_entries(before).await,
         None => Ok(0),
     }
 }
@@ -166,18 +170,68 @@ impl CleanupSettings {
 }
 
 /// One table's cleanup in this process, shared by every handle attached to it; the task runs
-/// while a handle lives.
-#[derive(Debug)]
+/// while a handle lives, on the tokio runtime of an attached handle.
 struct Shared {
     identity: String,
     settings: CleanupSettings,
-    table: Arc<dyn MembershipTable>,
-    /// The attached silos (one element per handle that names one): the Dead-entry limit runs
-    /// when one of them is the first Active silo.
-    silos: Arc<Mutex<Vec<SiloAddress>>>,
+    schedule: CleanupSchedule,
+    round: Round,
+    /// Every attached handle and the runtime it attached from: when the runtime running the task
+    /// goes with its handle, the task moves to another one's.
+    handles: Mutex<Vec<Attached>>,
+    task: Mutex<Option<Task>>,
+    removed_tx: Arc<watch::Sender<u64>>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("identity", &self.identity)
+            .field("settings", &self.settings)
+            .field("silos", &*lock(&self.round.silos))
+            .finish_non_exhaustive()
+    }
+}
+
+/// An attached handle: its id and the runtime it attached from.
+struct Attached {
+    id: u64,
+    runtime: Handle,
+}
+
+/// The running task: which handle's runtime runs it, how to stop it.
+struct Task {
+    owner: u64,
     stop: watch::Sender<bool>,
-    task: Mutex<Option<JoinHandle<()>>>,
-    removed: watch::Receiver<u64>,
+    join: JoinHandle<()>,
+}
+
+impl Task {
+    /// Signals the task to stop; its handle, to wait for it.
+    fn stop(self) -> JoinHandle<()> {
+        let _ = self.stop.send(true);
+        self.join
+    }
+}
+
+/// Ids of handles, unique in the process.
+static NEXT_HANDLE: AtomicU64 = AtomicU64::new(0);
+
+impl Shared {
+    /// Starts a task on `runtime`, owned by handle `owner`.
+    fn start(&self, owner: u64, runtime: &Handle) -> Task {
+        let (stop, stop_rx) = watch::channel(false);
+        let round = self.round.clone();
+        let join = runtime.spawn(round.run(self.schedule, stop_rx, Arc::clone(&self.removed_tx)));
+        Task { owner, stop, join }
+    }
+
+    /// True when the task runs (it ends only when stopped, or with its runtime).
+    fn running(&self) -> bool {
+        lock(&self.task)
+            .as_ref()
+            .is_some_and(|t| !t.join.is_finished())
+    }
 }
 
 /// Every table identity's cleanup in this process. Every change of a `Shared`'s reference
@@ -206,11 +260,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 ///   ([`excess_dead_cutoff`]) — also while storage expiry is on, which bounds entries' age, not
 ///   their number.
 ///
-/// When both apply, one call with the later cutoff does both, as Orleans does.
+/// When both apply, the age limit's call runs first, then the count limit's when its cutoff is
+/// later. (Orleans' count rule removes every non-Active entry older than its cutoff; ours only
+/// Dead entries — see [`excess_dead_cutoff`].)
 #[derive(Debug)]
 pub struct DefunctCleanup {
     shared: Option<Arc<Shared>>,
     silo: Option<SiloAddress>,
+    id: u64,
 }
 
 /// Why no cleanup task was started.
@@ -237,6 +294,15 @@ impl DefunctCleanup {
     /// same table identity, on behalf of `silo`. `Ok(Err(Disabled))` when
     /// `defunct_silo_cleanup_period` is off. Errors (before anything is written) when the
     /// running cleanup has other options, or `max_defunct_silo_entries` is negative.
+    ///
+    /// The task runs on the tokio runtime of an attached handle: when the handle whose runtime
+    /// runs it detaches, it moves to another attached handle's runtime, and a handle attaching
+    /// restarts it when its runtime has ended. (A host that drops a runtime while a silo
+    /// started on it is still attached loses the task until the next attach or detach;
+    /// [`DefunctCleanup::is_active`] then says false.)
+    ///
+    /// # Panics
+    /// Outside a tokio runtime, as `tokio::spawn` does.
     pub fn spawn_for(
         table: Arc<dyn MembershipTable>,
         options: &MembershipOptions,
@@ -263,6 +329,8 @@ impl DefunctCleanup {
         };
         let identity = table.identity();
         let settings = CleanupSettings::of(options);
+        let id = NEXT_HANDLE.fetch_add(1, AtomicOrdering::Relaxed);
+        let runtime = Handle::current();
         let mut registry = lock(&SHARED);
         if let Some(shared) = registry.get(&identity).and_then(Weak::upgrade) {
             if let Some(option) = shared.settings.differs(&settings) {
@@ -274,78 +342,95 @@ impl DefunctCleanup {
                 ));
             }
             if let Some(s) = silo {
-                lock(&shared.silos).push(s);
+                lock(&shared.round.silos).push(s);
             }
+            {
+                let mut task = lock(&shared.task);
+                // The runtime that ran it has ended: run it on this one.
+                if task.as_ref().is_none_or(|t| t.join.is_finished()) {
+                    drop(task.take().map(Task::stop));
+                    *task = Some(shared.start(id, &runtime));
+                }
+            }
+            lock(&shared.handles).push(Attached { id, runtime });
             return Ok(Ok(DefunctCleanup {
                 shared: Some(shared),
                 silo,
+                id,
             }));
         }
-        let silos = Arc::new(Mutex::new(silo.into_iter().collect::<Vec<_>>()));
-        let (stop, stop_rx) = watch::channel(false);
-        let (removed_tx, removed) = watch::channel(0u64);
-        let round = Round {
-            table: Arc::clone(&table),
-            clock,
-            silos: Arc::clone(&silos),
-            expiration: options.defunct_silo_expiration,
-            force: options.force_defunct_cleanup,
-            max_dead,
-            call_timeout: options.effective_table_operation_timeout(),
-        };
-        let task = tokio::spawn(round.run(schedule, stop_rx, removed_tx));
+        // `send_replace` in the task: it updates the value with no receiver subscribed.
+        let (removed_tx, _) = watch::channel(0u64);
         let shared = Arc::new(Shared {
             identity: identity.clone(),
             settings,
-            table,
-            silos,
-            stop,
-            task: Mutex::new(Some(task)),
-            removed,
+            schedule,
+            round: Round {
+                table,
+                clock,
+                silos: Arc::new(Mutex::new(silo.into_iter().collect())),
+                expiration: options.defunct_silo_expiration,
+                force: options.force_defunct_cleanup,
+                max_dead,
+                call_timeout: options.effective_table_operation_timeout(),
+            },
+            handles: Mutex::new(Vec::new()),
+            task: Mutex::new(None),
+            removed_tx: Arc::new(removed_tx),
         });
+        *lock(&shared.task) = Some(shared.start(id, &runtime));
+        lock(&shared.handles).push(Attached { id, runtime });
         registry.retain(|_, w| w.strong_count() > 0);
         registry.insert(identity, Arc::downgrade(&shared));
         Ok(Ok(DefunctCleanup {
             shared: Some(shared),
             silo,
+            id,
         }))
     }
 
-    /// True when a round removes entries: the age limit is not covered by storage-side expiry
-    /// (asked now) or is forced, or a count limit is set and a silo is attached.
+    /// True when the task runs and a round removes entries: the age limit is not covered by
+    /// storage-side expiry (asked now) or is forced, or a count limit is set and a silo is
+    /// attached.
     pub fn is_active(&self) -> bool {
         self.shared.as_ref().is_some_and(|s| {
-            s.settings.force
-                || !s.table.storage_expiry().covers_defunct_cleanup
-                || (s.settings.max_dead.is_some() && !lock(&s.silos).is_empty())
+            s.running()
+                && (s.settings.force
+                    || !s.round.table.storage_expiry().covers_defunct_cleanup
+                    || (s.settings.max_dead.is_some() && !lock(&s.round.silos).is_empty()))
         })
     }
 
     /// Total entries the shared cleanup removed so far, updated after each run.
     pub fn removed(&self) -> watch::Receiver<u64> {
         match &self.shared {
-            Some(s) => s.removed.clone(),
+            Some(s) => s.removed_tx.subscribe(),
             None => watch::channel(0).1,
         }
     }
 
-    /// Detaches this handle; when it was the last one, stops the task and waits for it.
+    /// Detaches this handle; when it was the last one, stops the task and waits for it (and when
+    /// the task ran on this handle's runtime, moves it to another handle's and waits for the
+    /// old one to end).
     pub async fn stop(mut self) {
         if let Some(task) = self.detach() {
             let _ = task.await;
         }
     }
 
-    /// Detaches; the last handle signals the task to stop and returns it.
+    /// Detaches; the last handle signals the task to stop and returns it, and a handle whose
+    /// runtime runs the task while others stay attached moves it to another's runtime and
+    /// returns the old one.
     fn detach(&mut self) -> Option<JoinHandle<()>> {
         let shared = self.shared.take()?;
         let mut registry = lock(&SHARED);
         if let Some(silo) = self.silo {
-            let mut silos = lock(&shared.silos);
+            let mut silos = lock(&shared.round.silos);
             if let Some(i) = silos.iter().position(|s| *s == silo) {
                 silos.swap_remove(i);
             }
         }
+        lock(&shared.handles).retain(|a| a.id != self.id);
         match Arc::try_unwrap(shared) {
             Ok(last) => {
                 if registry
@@ -354,11 +439,24 @@ impl DefunctCleanup {
                 {
                     registry.remove(&last.identity);
                 }
-                let _ = last.stop.send(true);
-                lock(&last.task).take()
+                lock(&last.task).take().map(Task::stop)
             }
-            // Dropped here, under the lock: another handle still holds it.
-            Err(_) => None,
+            // Another handle still holds it (dropped here, under the lock).
+            Err(shared) => {
+                let mut task = lock(&shared.task);
+                let moves = task
+                    .as_ref()
+                    .is_none_or(|t| t.owner == self.id || t.join.is_finished());
+                let handles = lock(&shared.handles);
+                match handles.first() {
+                    Some(next) if moves => {
+                        let old = task.take().map(Task::stop);
+                        *task = Some(shared.start(next.id, &next.runtime));
+                        old
+                    }
+                    _ => None,
+                }
+            }
         }
     }
 }
@@ -371,6 +469,7 @@ impl Drop for DefunctCleanup {
 }
 
 /// What one cleanup task needs for its rounds.
+#[derive(Clone)]
 struct Round {
     table: Arc<dyn MembershipTable>,
     clock: Arc<dyn Clock>,
@@ -386,11 +485,12 @@ impl Round {
         self,
         schedule: CleanupSchedule,
         mut stop_rx: watch::Receiver<bool>,
-        removed_tx: watch::Sender<u64>,
+        removed_tx: Arc<watch::Sender<u64>>,
     ) {
         let table = &self.table;
         let mut delay = schedule.first_delay(rand::random::<f64>());
-        let mut total = 0u64;
+        // A task moved to another runtime goes on counting.
+        let mut total = *removed_tx.borrow();
         let mut was_covered = table.storage_expiry().covers_defunct_cleanup && !self.force;
         if was_covered {
             info!(
@@ -423,34 +523,45 @@ impl Round {
                 c = self.count_cutoff() => c,
                 _ = stop_rx.changed() => return,
             };
-            let Some(before) = by_age.max(by_count) else {
-                continue;
-            };
-            let run = bounded(
-                "cleanup_defunct",
-                true,
-                self.call_timeout,
-                table.cleanup_defunct(before),
-            );
-            let outcome = tokio::select! {
-                r = run => r,
-                _ = stop_rx.changed() => return,
-            };
-            match outcome {
-                Ok(n) => {
-                    total += n as u64;
-                    if n > 0 {
-                        info!(
-                            cluster = table.cluster_id(),
-                            removed = n,
-                            by_count = by_count >= by_age,
-                            "cleaned defunct entries"
-                        );
+            // The age limit removes every non-Active entry older than its cutoff; the count
+            // limit only Dead ones, and only when its cutoff is later (else the first call
+            // already removed them).
+            let by_count = by_count.filter(|c| by_age.is_none_or(|a| *c > a));
+            for (before, dead_only) in [(by_age, false), (by_count, true)] {
+                let Some(before) = before else { continue };
+                let operation = if dead_only {
+                    "cleanup_dead_entries"
+                } else {
+                    "cleanup_defunct"
+                };
+                let call = async {
+                    if dead_only {
+                        table.cleanup_dead_entries(before).await
+                    } else {
+                        table.cleanup_defunct(before).await
                     }
-                    let _ = removed_tx.send(total);
-                }
-                Err(e) => {
-                    warn!(cluster = table.cluster_id(), error = %e, "defunct cleanup failed; next period retries")
+                };
+                let run = bounded(operation, true, self.call_timeout, call);
+                let outcome = tokio::select! {
+                    r = run => r,
+                    _ = stop_rx.changed() => return,
+                };
+                match outcome {
+                    Ok(n) => {
+                        total += n as u64;
+                        if n > 0 {
+                            info!(
+                                cluster = table.cluster_id(),
+                                removed = n,
+                                by_count = dead_only,
+                                "cleaned defunct entries"
+                            );
+                        }
+                        removed_tx.send_replace(total);
+                    }
+                    Err(e) => {
+                        warn!(cluster = table.cluster_id(), error = %e, operation, "defunct cleanup failed; next period retries")
+                    }
                 }
             }
         }

@@ -232,6 +232,9 @@ async fn the_password_appears_in_no_log_line_at_trace_level() {
         .with_ansi(false)
         .finish();
     let guard = tracing::subscriber::set_default(subscriber);
+    // Callsites first hit by tests on other threads (no subscriber there) may have cached
+    // "never interested"; recompute so this thread's subscriber sees the provider's spans.
+    tracing::callsite::rebuild_interest_cache();
     let options = secure_options(&role, &password);
     let debug_text = format!("{options:?}");
     let table = connect(options, trusting_config()).await.expect("connect");

@@ -407,3 +407,96 @@ async fn silos_that_left_are_pruned_down_to_the_dead_entry_limit() {
         silo.leave().await.unwrap();
     }
 }
+
+/// Review 25: the Dead-entry limit's cutoff follows recent deaths — a burst of them puts it a
+/// moment ago — so applied as an age cutoff it would remove silos that are joining or shutting
+/// down right now. The runtime's count limit removes Dead entries only; the age limit (one hour
+/// here) leaves the young non-Dead ones alone.
+#[tokio::test(start_paused = true)]
+async fn the_dead_entry_limit_never_removes_a_silo_that_is_joining_or_shutting_down() {
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
+    let table = Arc::new(InMemoryMembershipTable::new("dead-limit-live").with_clock(clock.clone()));
+    table.initialize(true).await.unwrap();
+    let second = Duration::from_secs(1);
+    let first = entry_ago(1, SiloStatus::Active, Duration::ZERO, clock.as_ref());
+    protocol::join(table.as_ref(), &first).await.unwrap();
+    // Three silos died within the last seconds.
+    for (n, ago) in [(20, 3), (21, 2), (22, 1)] {
+        let dead = entry_ago(n, SiloStatus::Dead, ago * second, clock.as_ref());
+        protocol::join(table.as_ref(), &dead).await.unwrap();
+    }
+    // Older than the newest Dead entry beyond the limit: one stopping, one joining.
+    let stopping = entry_ago(30, SiloStatus::ShuttingDown, 10 * second, clock.as_ref());
+    let joining = entry_ago(31, SiloStatus::Joining, 5 * second, clock.as_ref());
+    for e in [&stopping, &joining] {
+        protocol::join(table.as_ref(), e).await.unwrap();
+    }
+    let o = every_minute_keeping(1).defunct_silo_expiration(Duration::from_secs(3600));
+    let cleanup = DefunctCleanup::spawn_for(table.clone(), &o, clock.clone(), address(1))
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(150)).await;
+    let left: std::collections::BTreeSet<SiloAddress> = table
+        .read_all()
+        .await
+        .unwrap()
+        .rows
+        .iter()
+        .map(|r| r.entry.address)
+        .collect();
+    cleanup.stop().await;
+    assert_eq!(
+        left,
+        [address(1), address(22), address(30), address(31)].into(),
+        "the two oldest Dead entries go; the joining and the stopping silo stay"
+    );
+}
+
+/// Review 25: the shared cleanup's task ran on the runtime of the first silo that attached; a
+/// silo on another runtime kept a handle on a task that ended with that runtime, reporting
+/// `runs_defunct_cleanup()` while nothing was cleaned. The task moves to a remaining handle's
+/// runtime when the handle whose runtime runs it detaches.
+#[test]
+fn a_silo_on_another_runtime_keeps_its_cleanup_after_the_first_runtime_ends() {
+    let o = MembershipOptions::default()
+        .defunct_silo_cleanup_period(Some(Duration::from_secs(1)))
+        .defunct_silo_cleanup_jitter(Duration::ZERO)
+        .defunct_silo_expiration(Duration::from_secs(1));
+    let table: Arc<dyn MembershipTable> =
+        Arc::new(InMemoryMembershipTable::new("runtimes").with_options(o));
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let rt_a = runtime();
+    let first = rt_a
+        .block_on(cassandra_membership::Silo::join(
+            Arc::clone(&table),
+            address(1),
+        ))
+        .unwrap();
+    let rt_b = runtime();
+    let second = rt_b
+        .block_on(cassandra_membership::Silo::join(
+            Arc::clone(&table),
+            address(2),
+        ))
+        .unwrap();
+    rt_a.block_on(first.leave()).unwrap();
+    drop(rt_a);
+    rt_b.block_on(async {
+        assert!(second.runs_defunct_cleanup());
+        let mut gone = entry(9);
+        gone.status = SiloStatus::Dead;
+        gone.start_time = Timestamp::now().saturating_sub(Duration::from_secs(3600));
+        gone.i_am_alive_time = gone.start_time;
+        protocol::join(table.as_ref(), &gone).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let still = dead_entries(table.as_ref()).await.contains(&gone.address);
+        second.leave().await.unwrap();
+        assert!(!still, "the second silo's cleanup never ran in 4 periods");
+    });
+}

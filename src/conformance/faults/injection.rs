@@ -26,7 +26,8 @@ pub enum Operation {
     UpdateRow,
     /// [`MembershipTable::update_i_am_alive`](crate::MembershipTable::update_i_am_alive) (the heartbeat).
     UpdateIAmAlive,
-    /// [`MembershipTable::cleanup_defunct`](crate::MembershipTable::cleanup_defunct).
+    /// [`MembershipTable::cleanup_defunct`](crate::MembershipTable::cleanup_defunct) and
+    /// [`MembershipTable::cleanup_dead_entries`](crate::MembershipTable::cleanup_dead_entries).
     CleanupDefunct,
     /// [`MembershipTable::delete_cluster`](crate::MembershipTable::delete_cluster).
     DeleteCluster,

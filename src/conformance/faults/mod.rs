@@ -395,6 +395,12 @@ impl MembershipTable for FaultyTable {
         self.call(Operation::CleanupDefunct, None, None, send).await
     }
 
+    /// Faults injected for [`Operation::CleanupDefunct`] apply to it as well.
+    async fn cleanup_dead_entries(&self, before: Timestamp) -> Result<usize> {
+        let send = self.inner.cleanup_dead_entries(before);
+        self.call(Operation::CleanupDefunct, None, None, send).await
+    }
+
     async fn delete_cluster(&self, cluster_id: &str) -> Result<()> {
         let send = self.inner.delete_cluster(cluster_id);
         self.call(Operation::DeleteCluster, None, None, send).await
