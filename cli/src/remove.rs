@@ -168,6 +168,20 @@ pub(crate) async fn declare_dead(
 /// alone is what a silo repairs itself), or the command is a usage error (exit 2) saying what
 /// to pass. (`cleanup` and `delete-cluster` only delete; `patch` needs an explicit `ttl`
 /// because changing the table to it is its purpose.)
+/// The options of one write with expiry on: the command never renews, so its write carries the
+/// shortest TTL the rules allow (TTL + 1 s renewal + 1 s). The library keeps a row's longer
+/// remaining TTL, and the silos accept any TTL up to TTL + 2 × their renewal + 1 s, so the entry
+/// lands within what the cluster's silos accept whatever their `ttl_renewal_interval`. The
+/// heartbeat period is capped to a quarter of the TTL for the same reason: the CLI does not
+/// heartbeat, and a short-TTL cluster's silos configure a shorter one than the default.
+fn one_write(mut options: CassandraClusteringOptions) -> CassandraClusteringOptions {
+    options.ttl_renewal_interval = Some(Duration::from_secs(1));
+    let quarter = options.membership.defunct_silo_expiration / 4;
+    let period = &mut options.membership.i_am_alive_table_publish_timeout;
+    *period = (*period).min(quarter).max(Duration::from_millis(1));
+    options
+}
+
 pub(crate) async fn expiry_of_the_cluster(
     table: &CassandraMembershipTable,
     ttl_explicit: bool,
@@ -185,10 +199,10 @@ pub(crate) async fn expiry_of_the_cluster(
             ttl_seconds = audit.table_default_ttl,
             "ttl not set: writing with the table's default_time_to_live"
         );
-        return Ok(Some(adopted));
+        return Ok(Some(one_write(adopted)));
     }
     if audit.agrees() || audit.only_the_version_disagrees() {
-        return Ok(None);
+        return Ok(configured.ttl.then(|| one_write(configured.clone())));
     }
     let what = |ttl: u64| {
         if ttl == 0 {

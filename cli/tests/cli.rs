@@ -1537,3 +1537,50 @@ async fn declare_dead_with_ttl_on_a_cluster_without_expiry_is_refused() {
     assert_eq!(after.entries[0].ttl_seconds, None);
     drop_table(&t).await;
 }
+
+/// Review of the fix: a cluster with a short TTL (60 s, a 10 s heartbeat) and a short renewal
+/// (5 s): `declare-dead` without `--ttl` adopts the table's TTL and succeeds (it used to fail
+/// validation with the CLI's own 30 s heartbeat period), and the entry it writes stays within
+/// what the cluster's silos accept (a silo starting afterwards finds no disagreeing row).
+#[tokio::test(flavor = "multi_thread")]
+async fn declare_dead_on_a_short_ttl_cluster_with_a_custom_renewal_keeps_the_silos_start() {
+    let table = unique_table();
+    let short = |o: CassandraClusteringOptions| {
+        let mut o = o.ttl_renewal_interval(Some(Duration::from_secs(5)));
+        o.membership.defunct_silo_expiration = Duration::from_secs(60);
+        o.membership.i_am_alive_table_publish_timeout = Duration::from_secs(10);
+        o
+    };
+    let t = CassandraMembershipTable::connect(short(options(&table, "blue", true)))
+        .await
+        .unwrap();
+    t.initialize(true).await.unwrap();
+    let stuck = MembershipEntry::new(
+        addr("10.0.0.6:11111@1"),
+        SiloStatus::Active,
+        Timestamp::now(),
+    );
+    insert(&t, stuck).await;
+    let r = json(cli(&table).args([
+        "--cluster",
+        "blue",
+        "declare-dead",
+        "10.0.0.6:11111@1",
+        "--yes",
+        "--json",
+    ]));
+    assert_eq!(r["declared"], true, "{r}");
+    let after = t.inspect().await.unwrap();
+    assert_eq!(after.entries[0].entry.status, SiloStatus::Dead);
+    let restart = CassandraMembershipTable::connect(short(options(&table, "blue", true)))
+        .await
+        .unwrap();
+    let started = restart.initialize(true).await;
+    assert!(
+        started.is_ok(),
+        "entry ttl {:?}, version ttl {:?}: {started:?}",
+        after.entries[0].ttl_seconds,
+        after.version_ttl_seconds
+    );
+    drop_table(&t).await;
+}
