@@ -193,10 +193,12 @@ impl std::fmt::Debug for Shared {
     }
 }
 
-/// An attached handle: its id and the runtime it attached from.
+/// An attached handle: its id, the runtime it attached from and its table (a Cassandra table's
+/// session lives on the runtime that connected it, so a moved task uses the new owner's).
 struct Attached {
     id: u64,
     runtime: Handle,
+    table: Arc<dyn MembershipTable>,
 }
 
 /// The running task: which handle's runtime runs it, how to stop it.
@@ -218,10 +220,11 @@ impl Task {
 static NEXT_HANDLE: AtomicU64 = AtomicU64::new(0);
 
 impl Shared {
-    /// Starts a task on `runtime`, owned by handle `owner`.
-    fn start(&self, owner: u64, runtime: &Handle) -> Task {
+    /// Starts a task on `runtime` with `table`, owned by handle `owner`.
+    fn start(&self, owner: u64, runtime: &Handle, table: &Arc<dyn MembershipTable>) -> Task {
         let (stop, stop_rx) = watch::channel(false);
-        let round = self.round.clone();
+        let mut round = self.round.clone();
+        round.table = Arc::clone(table);
         let join = runtime.spawn(round.run(self.schedule, stop_rx, Arc::clone(&self.removed_tx)));
         Task { owner, stop, join }
     }
@@ -349,10 +352,10 @@ impl DefunctCleanup {
                 // The runtime that ran it has ended: run it on this one.
                 if task.as_ref().is_none_or(|t| t.join.is_finished()) {
                     drop(task.take().map(Task::stop));
-                    *task = Some(shared.start(id, &runtime));
+                    *task = Some(shared.start(id, &runtime, &table));
                 }
             }
-            lock(&shared.handles).push(Attached { id, runtime });
+            lock(&shared.handles).push(Attached { id, runtime, table });
             return Ok(Ok(DefunctCleanup {
                 shared: Some(shared),
                 silo,
@@ -366,7 +369,7 @@ impl DefunctCleanup {
             settings,
             schedule,
             round: Round {
-                table,
+                table: Arc::clone(&table),
                 clock,
                 silos: Arc::new(Mutex::new(silo.into_iter().collect())),
                 expiration: options.defunct_silo_expiration,
@@ -378,8 +381,8 @@ impl DefunctCleanup {
             task: Mutex::new(None),
             removed_tx: Arc::new(removed_tx),
         });
-        *lock(&shared.task) = Some(shared.start(id, &runtime));
-        lock(&shared.handles).push(Attached { id, runtime });
+        *lock(&shared.task) = Some(shared.start(id, &runtime, &table));
+        lock(&shared.handles).push(Attached { id, runtime, table });
         registry.retain(|_, w| w.strong_count() > 0);
         registry.insert(identity, Arc::downgrade(&shared));
         Ok(Ok(DefunctCleanup {
@@ -447,15 +450,20 @@ impl DefunctCleanup {
                 let moves = task
                     .as_ref()
                     .is_none_or(|t| t.owner == self.id || t.join.is_finished());
-                let handles = lock(&shared.handles);
-                match handles.first() {
-                    Some(next) if moves => {
-                        let old = task.take().map(Task::stop);
-                        *task = Some(shared.start(next.id, &next.runtime));
-                        old
-                    }
-                    _ => None,
+                if !moves {
+                    return None;
                 }
+                let old = task.take().map(Task::stop);
+                // The first remaining handle whose runtime still runs: a task spawned on a
+                // runtime that has shut down is dropped at once (finished).
+                for next in lock(&shared.handles).iter() {
+                    let started = shared.start(next.id, &next.runtime, &next.table);
+                    if !started.join.is_finished() {
+                        *task = Some(started);
+                        break;
+                    }
+                }
+                old
             }
         }
     }
