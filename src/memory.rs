@@ -128,6 +128,30 @@ impl Cluster {
 }
 
 impl InMemoryMembershipTable {
+    /// The two cleanups: removes every entry whose status `removes` selects and that shows no
+    /// activity since `before`; counts what it removed.
+    async fn remove_inactive(
+        &self,
+        operation: &'static str,
+        before: Timestamp,
+        removes: impl Fn(SiloStatus) -> bool,
+    ) -> Result<usize> {
+        let removed = self
+            .answer(operation, || {
+                Ok(self.with_cluster(|c, _| {
+                    let len = c.rows.len();
+                    c.rows.retain(|_, row| {
+                        let read = row.read();
+                        !removes(read.entry.status) || read.entry.last_activity() >= before
+                    });
+                    len - c.rows.len()
+                }))
+            })
+            .await?;
+        self.metrics.removed(removed);
+        Ok(removed)
+    }
+
     /// A new, empty store without expiry, on the system clock, with default
     /// [`MembershipOptions`], with a handle on `cluster_id`.
     pub fn new(cluster_id: impl Into<String>) -> Self {
@@ -370,40 +394,14 @@ impl MembershipTable for InMemoryMembershipTable {
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id))]
     async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize> {
-        let removed = self
-            .answer("cleanup_defunct", || {
-                Ok(self.with_cluster(|c, _| {
-                    let len = c.rows.len();
-                    c.rows.retain(|_, row| {
-                        let read = row.read();
-                        read.entry.status == SiloStatus::Active
-                            || read.entry.last_activity() >= before
-                    });
-                    len - c.rows.len()
-                }))
-            })
-            .await?;
-        self.metrics.removed(removed);
-        Ok(removed)
+        self.remove_inactive("cleanup_defunct", before, |s| s != SiloStatus::Active)
+            .await
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id))]
     async fn cleanup_dead_entries(&self, before: Timestamp) -> Result<usize> {
-        let removed = self
-            .answer("cleanup_dead_entries", || {
-                Ok(self.with_cluster(|c, _| {
-                    let len = c.rows.len();
-                    c.rows.retain(|_, row| {
-                        let read = row.read();
-                        read.entry.status != SiloStatus::Dead
-                            || read.entry.last_activity() >= before
-                    });
-                    len - c.rows.len()
-                }))
-            })
-            .await?;
-        self.metrics.removed(removed);
-        Ok(removed)
+        self.remove_inactive("cleanup_dead_entries", before, |s| s == SiloStatus::Dead)
+            .await
     }
 
     #[instrument(level = "debug", skip(self), fields(cluster = %self.cluster_id))]

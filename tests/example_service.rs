@@ -202,9 +202,9 @@ fn the_service_answers_its_probes_and_work_then_leaves_on_sigterm() {
     );
 }
 
-/// Review finding: one client that sent half a request kept axum's graceful shutdown (which has
-/// no bound) and so the leave waiting until Kubernetes' SIGKILL. The leave starts at once, and
-/// the drain ends after 10 s with the client still stalled. In-memory table.
+/// One client that sent half a request must not hold axum's graceful shutdown (which has no
+/// bound), and so the leave, until Kubernetes' SIGKILL: the leave starts at once, and the drain
+/// ends after 10 s with the client still stalled. In-memory table.
 #[test]
 fn a_stalled_client_does_not_hold_up_the_leave_or_the_exit_after_sigterm() {
     let bin = build();
@@ -242,8 +242,8 @@ fn a_stalled_client_does_not_hold_up_the_leave_or_the_exit_after_sigterm() {
     drop(stalled);
 }
 
-/// Review finding: the probes were not answered during the start (a slow join restarted the
-/// pod) and SIGTERM then killed the process. Here the storage never answers (a listener that
+/// The probes are answered during the start (unanswered, a slow join would restart the pod) and
+/// SIGTERM then exits cleanly. Here the storage never answers (a listener that
 /// accepts nothing): the probes say `starting` — readiness 503, liveness 200, work refused —
 /// and SIGTERM exits 0.
 #[test]
@@ -293,8 +293,8 @@ fn stored_status(cluster: &str, silo: &SiloAddress) -> Option<SiloStatus> {
     })
 }
 
-/// Review finding: SIGTERM before `Silo::join` returned killed the process without a leave. On
-/// the real node, SIGTERM as soon as it starts joining: the join finishes, the silo leaves
+/// SIGTERM before `Silo::join` returned must not kill the process without a leave. On the real
+/// node, SIGTERM as soon as it starts joining: the join finishes, the silo leaves
 /// (its entry ends Dead) and the process exits 0.
 #[test]
 fn sigterm_during_the_join_leaves_and_exits_0() {

@@ -415,7 +415,7 @@ fn the_cassandra_table_records_every_operation_by_outcome_with_its_latency() {
 
 /// A table call its caller stopped waiting for (the runtime's `table_operation_timeout` bound,
 /// a host's own timeout) is counted, as `cancelled`, with the time it ran: those are the calls
-/// that fence a silo. Real node (review finding: they were recorded nowhere).
+/// that fence a silo. Real node.
 #[test]
 fn a_table_call_its_caller_stopped_waiting_for_is_counted_as_cancelled() {
     let cluster = format!("metrics-{}", uuid::Uuid::new_v4());
@@ -506,7 +506,7 @@ fn silo_gauges(all: &Recorded, cluster: &str) -> (f64, f64, BTreeMap<String, f64
 }
 
 /// After `leave()` the silo has no lease and does not serve: its gauges say 0, not the last
-/// healthy values (review finding: the headroom stayed at its last value for ever).
+/// healthy values (not the last ones, for ever).
 #[test]
 fn a_silo_that_left_reports_neither_serving_nor_lease_headroom() {
     let cluster = format!("metrics-{}", uuid::Uuid::new_v4());
@@ -521,8 +521,8 @@ fn a_silo_that_left_reports_neither_serving_nor_lease_headroom() {
     assert_eq!(info, BTreeMap::from([("1".to_owned(), 0.0)]));
 }
 
-/// `crash()` publishes no final state, but its gauges go to 0 too (review finding: serving
-/// stayed 1 for an incarnation that no longer exists).
+/// `crash()` publishes no final state, but its gauges go to 0 too (serving
+/// must not stay 1 for an incarnation that no longer exists).
 #[test]
 fn a_crashed_silo_reports_neither_serving_nor_lease_headroom() {
     let cluster = format!("metrics-{}", uuid::Uuid::new_v4());

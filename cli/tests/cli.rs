@@ -1399,8 +1399,8 @@ fn one_spelling_of_each_value_and_tls_flags_are_validated_before_connecting() {
         stderr.contains("tls.ca_file") && stderr.contains("/no/such/ca.pem"),
         "{stderr}"
     );
-    // Review 25: `verify = false` in the file would silently ignore the CA and the name given
-    // on the command line (any certificate accepted): refused, naming each.
+    // `verify = false` in the file would silently ignore the CA and the name given on the
+    // command line (any certificate accepted): refused, naming each.
     let file = config_file("[tls]\nverify = false\n");
     let file = file.to_str().unwrap();
     for (flag, value, option) in [
@@ -1420,10 +1420,9 @@ fn one_spelling_of_each_value_and_tls_flags_are_validated_before_connecting() {
     }
 }
 
-/// Review 25, finding 1: on a cluster with storage-side expiry, `declare-dead` run as `--help`
-/// shows it (no `--ttl`: the library's default is off) rewrote the entry and the version
-/// `USING TTL 0` — the Dead entry and the partition never expired, and a silo starting with the
-/// cluster's options failed `TtlMismatch`. Without `--ttl` it now writes with the table's TTL;
+/// On a cluster with storage-side expiry, `declare-dead` without `--ttl` (the library's default
+/// is off) must not write the entry and the version `USING TTL 0` — they would never expire, and
+/// a silo starting with the cluster's options would fail `TtlMismatch`. It writes with the table's TTL;
 /// a `--ttl` that disagrees with the cluster (off, or on with another expiration) is refused
 /// (exit 2) before anything is written.
 #[tokio::test(flavor = "multi_thread")]
@@ -1538,7 +1537,7 @@ async fn declare_dead_with_ttl_on_a_cluster_without_expiry_is_refused() {
     drop_table(&t).await;
 }
 
-/// Review of the fix: a cluster with a short TTL (60 s, a 10 s heartbeat) and a short renewal
+/// A cluster with a short TTL (60 s, a 10 s heartbeat) and a short renewal
 /// (5 s): `declare-dead` without `--ttl` adopts the table's TTL and succeeds (it used to fail
 /// validation with the CLI's own 30 s heartbeat period), and the entry it writes stays within
 /// what the cluster's silos accept (a silo starting afterwards finds no disagreeing row).

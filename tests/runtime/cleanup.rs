@@ -408,10 +408,10 @@ async fn silos_that_left_are_pruned_down_to_the_dead_entry_limit() {
     }
 }
 
-/// Review 25: the Dead-entry limit's cutoff follows recent deaths — a burst of them puts it a
-/// moment ago — so applied as an age cutoff it would remove silos that are joining or shutting
-/// down right now. The runtime's count limit removes Dead entries only; the age limit (one hour
-/// here) leaves the young non-Dead ones alone.
+/// The Dead-entry limit's cutoff follows recent deaths — a burst of them puts it a moment ago —
+/// where silos that are joining or shutting down right now also are: the runtime's count limit
+/// removes Dead entries only, and the age limit (one hour here) leaves the young non-Dead ones
+/// alone.
 #[tokio::test(start_paused = true)]
 async fn the_dead_entry_limit_never_removes_a_silo_that_is_joining_or_shutting_down() {
     let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
@@ -452,10 +452,9 @@ async fn the_dead_entry_limit_never_removes_a_silo_that_is_joining_or_shutting_d
     );
 }
 
-/// Review 25: the shared cleanup's task ran on the runtime of the first silo that attached; a
-/// silo on another runtime kept a handle on a task that ended with that runtime, reporting
-/// `runs_defunct_cleanup()` while nothing was cleaned. The task moves to a remaining handle's
-/// runtime when the handle whose runtime runs it detaches.
+/// The shared cleanup's task starts on the runtime of the first silo that attaches; when that
+/// silo leaves and its runtime ends, a silo on another runtime still has a running cleanup (the
+/// task moved to its runtime) that removes an old Dead entry within a few periods.
 #[test]
 fn a_silo_on_another_runtime_keeps_its_cleanup_after_the_first_runtime_ends() {
     let o = MembershipOptions::default()
