@@ -152,6 +152,31 @@ pub enum MembershipError {
         source: BoxError,
     },
 
+    /// A read of one cluster's partition met more tombstones (deleted and expired cells) than
+    /// the node lets one read scan (`tombstone_failure_threshold`, 100,000 by default), and the
+    /// node aborted it. Nothing was written. Not transient: every read of that partition fails
+    /// the same way until the tombstones are purged — after the table's `gc_grace_seconds`, by
+    /// compaction — or the partition is deleted. Other clusters of the table are not affected.
+    /// See the guide's tombstones page (`docs::tombstones`) for the budget and what to do.
+    #[error(
+        "{operation} of cluster {cluster_id:?} (service {service_id:?}) was aborted by Cassandra: the partition holds more tombstones than one read may scan (tombstone_failure_threshold){}. Expired and removed entries stay tombstones until the table's gc_grace_seconds has passed and compaction has run: lower gc_grace_seconds (ALTER TABLE … WITH gc_grace_seconds = …), compact once it has passed (nodetool compact <keyspace> <table>), or, for a cluster that is gone, remove it with `cassandra-membership delete-cluster`",
+        last_scanned.map(|n| format!("; the last read of it that answered scanned {n}")).unwrap_or_default()
+    )]
+    TooManyTombstones {
+        /// The table operation.
+        operation: &'static str,
+        /// The cluster's service id.
+        service_id: String,
+        /// The cluster whose partition is buried.
+        cluster_id: String,
+        /// The tombstones the last read of this partition that answered reported scanning (see
+        /// `CassandraMembershipTable::tombstones_scanned`), if one did past the warning threshold.
+        last_scanned: Option<u64>,
+        /// The driver's error.
+        #[source]
+        source: BoxError,
+    },
+
     /// This silo's entry turned Dead or disappeared while the silo was joining (the others
     /// declared it dead, an operator removed it). What was written stays written; join again
     /// as a new incarnation (a new generation).

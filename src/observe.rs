@@ -97,6 +97,14 @@ impl TableMetrics {
         answer
     }
 
+    /// A read of this cluster's partition reported scanning `n` tombstones in one statement (0:
+    /// a whole read reported none, below the node's warning threshold).
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn tombstones_scanned(&self, n: u64) {
+        #[cfg(feature = "metrics")]
+        metrics::gauge!(imp::TOMBSTONES_SCANNED, self.labels.all()).set(n as f64);
+    }
+
     /// `n` entries were removed by a `cleanup_defunct`.
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn removed(&self, n: usize) {
@@ -137,6 +145,9 @@ pub(crate) mod imp {
     pub(crate) const SILO_INFO: &str = "membership_silo_info";
     /// Times a silo reached `LeaseAtRisk` (counter).
     pub(crate) const FENCES: &str = "membership_fences_total";
+    /// Tombstones one statement of the latest read of a cluster's partition reported scanning
+    /// (gauge; 0 below the node's warning threshold).
+    pub(crate) const TOMBSTONES_SCANNED: &str = "membership_table_tombstones_scanned";
     /// Conditional writes of the runtime's protocol that lost a race, by `step` (counter).
     pub(crate) const LWT_CONFLICTS: &str = "membership_lwt_conflicts_total";
 
@@ -144,7 +155,7 @@ pub(crate) mod imp {
         describe_counter!(
             TABLE_OPERATIONS,
             Unit::Count,
-            "Membership table operations answered, by operation and outcome (ok; conflict: answered, applied nothing; unknown: a conditional write whose outcome is unknown; error: failed; cancelled: dropped by its caller before it answered, its outcome unknown)"
+            "Membership table operations answered, by operation and outcome (ok; conflict: answered, applied nothing; unknown: a conditional write whose outcome is unknown; tombstones: the node aborted a read for the tombstones of the cluster's partition; error: failed otherwise; cancelled: dropped by its caller before it answered, its outcome unknown)"
         );
         describe_histogram!(
             TABLE_OPERATION_DURATION,
@@ -159,7 +170,7 @@ pub(crate) mod imp {
         describe_counter!(
             HEARTBEATS,
             Unit::Count,
-            "Heartbeats of a silo, by outcome (ok, failed, entry_missing, declared_dead)"
+            "Heartbeats of a silo, by outcome (ok; failed; tombstones: failed because the cluster's partition holds more tombstones than one read may scan, which does not heal by itself; entry_missing; declared_dead)"
         );
         describe_gauge!(
             LEASE_HEADROOM,
@@ -180,6 +191,11 @@ pub(crate) mod imp {
             FENCES,
             Unit::Count,
             "Times the silo reached LeaseAtRisk (it must stop serving until Healthy again)"
+        );
+        describe_gauge!(
+            TOMBSTONES_SCANNED,
+            Unit::Count,
+            "Tombstones one statement of the latest read of the cluster's partition reported scanning, as Cassandra counts them against tombstone_failure_threshold (100,000 by default: past it the node aborts the read); 0 while the node reports none (below tombstone_warn_threshold, 1,000 by default)"
         );
         describe_counter!(
             LWT_CONFLICTS,
@@ -264,6 +280,7 @@ pub(crate) mod imp {
                 Ok(a) if a.applied() => "ok",
                 Ok(_) => "conflict",
                 Err(MembershipError::OutcomeUnknown { .. }) => "unknown",
+                Err(MembershipError::TooManyTombstones { .. }) => "tombstones",
                 Err(_) => "error",
             };
             self.record(operation, outcome, took);

@@ -13,6 +13,7 @@ use super::exec::Outcome;
 use super::heartbeats::{StoredHeartbeat, merge_heartbeat};
 use super::read::{larger_page, restart_pause};
 use super::{CassandraMembershipTable, MAX_ATTEMPTS, Pk};
+use crate::cassandra::exec::Scan;
 use crate::error::{MembershipError, Result};
 use crate::model::{SiloStatus, Timestamp};
 
@@ -68,10 +69,12 @@ impl CassandraMembershipTable {
             let mut keys = Vec::new();
             let mut seen = 0usize;
             let mut paging = PagingState::start();
+            let mut scan = Scan::Whole(pk);
             let consistent = loop {
                 let (result, next) = self
-                    .read_page("delete_cluster", &read_keys, pk, paging, true)
+                    .read_page("delete_cluster", &read_keys, pk, paging, true, scan)
                     .await?;
+                scan = Scan::Part(pk);
                 let rows = result
                     .into_rows_result()
                     .map_err(|e| MembershipError::corrupt(None, format!("key read: {e}")))?;
@@ -251,7 +254,14 @@ impl CassandraMembershipTable {
                     continue;
                 }
             }
-            let raw = self.read_raw_keys(pk).await?;
+            let raw = match self.read_raw_keys(pk).await {
+                // No read of the partition answers: the rows cannot be listed to delete one by
+                // one, fenced on the version.
+                Err(MembershipError::TooManyTombstones { .. }) => {
+                    return self.delete_buried_partition(pk).await;
+                }
+                raw => raw?,
+            };
             let mut expected = raw.version_etag;
             let mut chunks: Vec<&[String]> = raw.keys.chunks(DELETE_CHUNK).collect();
             if chunks.is_empty() {
@@ -304,6 +314,37 @@ impl CassandraMembershipTable {
                         .await?;
                 }
             }
+            return self.check_deleted(pk).await;
+        }
+        Err(MembershipError::Contention {
+            operation: "delete_cluster",
+            attempts: MAX_ATTEMPTS,
+            elapsed: started.elapsed(),
+        })
+    }
+
+    /// `delete_cluster` of a partition that no read can scan for its tombstones
+    /// ([`MembershipError::TooManyTombstones`]): one plain partition deletion, which shadows
+    /// every row, tombstone and heartbeat element written before it, so reads of the partition
+    /// scan none of them from then on. Not fenced on the version (no read answers to fence on):
+    /// a membership write racing it survives it whole or not at all (a conditional batch
+    /// carries one timestamp), which leaves a consistent partition; `check_deleted` reports it.
+    async fn delete_buried_partition(&self, pk: Pk<'_>) -> Result<()> {
+        let st = self.statements().await?;
+        warn!(
+            cluster = pk.cluster_id,
+            "the partition holds more tombstones than a read may scan: deleting it whole"
+        );
+        self.exec_plain("delete_cluster", &st.delete_partition, pk)
+            .await?;
+        self.check_deleted(pk).await
+    }
+
+    /// After `delete_cluster`: forgets the leases of a deleted own cluster, and fails when rows
+    /// or the version are left (written later than the delete).
+    async fn check_deleted(&self, pk: Pk<'_>) -> Result<()> {
+        let cluster_id = pk.cluster_id;
+        {
             if cluster_id == self.cluster_id {
                 self.forget_all_leases();
             }
@@ -335,12 +376,7 @@ impl CassandraMembershipTable {
                     ),
                 ));
             }
-            return Ok(());
         }
-        Err(MembershipError::Contention {
-            operation: "delete_cluster",
-            attempts: MAX_ATTEMPTS,
-            elapsed: started.elapsed(),
-        })
+        Ok(())
     }
 }

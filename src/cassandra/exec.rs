@@ -18,8 +18,8 @@ use scylla::value::{CqlValue, Row};
 use tracing::warn;
 use uuid::Uuid;
 
-use super::CassandraMembershipTable;
 use super::errors::{may_have_applied, to_error};
+use super::{CassandraMembershipTable, Pk};
 use crate::error::{MembershipError, Result};
 
 /// How many times a statement of a read is sent when it times out. A read changes nothing we
@@ -103,6 +103,45 @@ pub(super) fn schema_lag(err: &MembershipError) -> bool {
     ]
     .iter()
     .any(|sign| text.contains(sign))
+}
+
+/// Which partition a read reads: for the tombstones it reports and the error it fails with.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Scan<'a> {
+    /// The partition from its start (a whole read, or its first page): an answer without a
+    /// tombstone warning shows the partition below the node's warning threshold.
+    Whole(Pk<'a>),
+    /// A part of it (a row, a later page, the first live row): a warning counts, its absence
+    /// proves nothing.
+    Part(Pk<'a>),
+    /// Not one partition (the listing of clusters).
+    Table,
+}
+
+impl<'a> Scan<'a> {
+    fn pk(self) -> Option<Pk<'a>> {
+        match self {
+            Scan::Whole(pk) | Scan::Part(pk) => Some(pk),
+            Scan::Table => None,
+        }
+    }
+}
+
+/// What a read answers: the result whose warnings are kept.
+trait Answer {
+    fn result(&self) -> &QueryResult;
+}
+
+impl Answer for QueryResult {
+    fn result(&self) -> &QueryResult {
+        self
+    }
+}
+
+impl Answer for (QueryResult, PagingStateResponse) {
+    fn result(&self) -> &QueryResult {
+        &self.0
+    }
 }
 
 /// A statement or a batch: what a conditional write sends, with the values it binds.
@@ -252,10 +291,14 @@ impl CasReply {
 
 impl CassandraMembershipTable {
     /// Sends a read (`send` makes one attempt), again once when it fails for a passing reason.
-    async fn read_with_retry<T, F>(
+    /// Cassandra's tombstone warning on an answer is kept for the partition read (see
+    /// `tombstones.rs`); a read the node aborted for its tombstones is
+    /// [`MembershipError::TooManyTombstones`], never sent again.
+    async fn read_with_retry<T: Answer, F>(
         &self,
         operation: &'static str,
         serial: bool,
+        scan: Scan<'_>,
         mut send: impl FnMut() -> F,
     ) -> Result<T>
     where
@@ -265,8 +308,21 @@ impl CassandraMembershipTable {
         loop {
             bump(self.shared.counters.read(serial));
             match send().await {
-                Ok(r) => return Ok(r),
+                Ok(r) => {
+                    self.scanned(scan, r.result().warnings());
+                    return Ok(r);
+                }
                 Err(e) => {
+                    if let (Some(pk), true) = (scan.pk(), super::tombstones::is_overflow(&e)) {
+                        warn!(cluster = pk.cluster_id, operation, error = %e, "the node aborted a read of the cluster's partition for its tombstones");
+                        return Err(MembershipError::TooManyTombstones {
+                            operation,
+                            service_id: pk.service_id.to_owned(),
+                            cluster_id: pk.cluster_id.to_owned(),
+                            last_scanned: self.shared.tombstones.get(pk.cluster_id),
+                            source: Box::new(e),
+                        });
+                    }
                     let err = to_error(operation, e);
                     if !retry_read(&err, attempt).await {
                         return Err(err);
@@ -277,6 +333,31 @@ impl CassandraMembershipTable {
         }
     }
 
+    /// Records what a read of `scan` reported of the tombstones it scanned.
+    fn scanned<'a>(&self, scan: Scan<'_>, warnings: impl Iterator<Item = &'a str>) {
+        let (pk, whole) = match scan {
+            Scan::Whole(pk) => (pk, true),
+            Scan::Part(pk) => (pk, false),
+            Scan::Table => return,
+        };
+        let before = self.shared.tombstones.get(pk.cluster_id);
+        let reported = self
+            .shared
+            .tombstones
+            .record(pk.cluster_id, whole, warnings);
+        if let Some(n) = reported {
+            tracing::debug!(
+                cluster = pk.cluster_id,
+                tombstones = n,
+                "a read reported the tombstones it scanned"
+            );
+        }
+        let after = self.shared.tombstones.get(pk.cluster_id);
+        if pk.cluster_id == self.cluster_id && before != after {
+            self.metrics.tombstones_scanned(after.unwrap_or(0));
+        }
+    }
+
     /// A read of one statement, all its rows in one reply.
     pub(super) async fn exec_read(
         &self,
@@ -284,9 +365,10 @@ impl CassandraMembershipTable {
         statement: &PreparedStatement,
         values: impl SerializeRow,
         serial: bool,
+        scan: Scan<'_>,
     ) -> Result<QueryResult> {
         let session = self.session();
-        self.read_with_retry(operation, serial, || {
+        self.read_with_retry(operation, serial, scan, || {
             session.execute_unpaged(statement, &values)
         })
         .await
@@ -300,9 +382,10 @@ impl CassandraMembershipTable {
         values: impl SerializeRow,
         paging: PagingState,
         serial: bool,
+        scan: Scan<'_>,
     ) -> Result<(QueryResult, PagingStateResponse)> {
         let session = self.session();
-        self.read_with_retry(operation, serial, || {
+        self.read_with_retry(operation, serial, scan, || {
             session.execute_single_page(statement, &values, paging.clone())
         })
         .await

@@ -8,6 +8,7 @@ use scylla::value::CqlTimestamp;
 use scylla::{DeserializeRow, SerializeRow};
 
 use super::{CassandraMembershipTable, Pk};
+use crate::cassandra::exec::Scan;
 use crate::error::Result;
 use crate::model::{MembershipEntry, Timestamp};
 
@@ -141,7 +142,13 @@ impl CassandraMembershipTable {
     ) -> Result<BTreeMap<String, StoredHeartbeat>> {
         let st = self.statements().await?;
         let result = self
-            .exec_read(operation, &st.read_heartbeat_values, pk, false)
+            .exec_read(
+                operation,
+                &st.read_heartbeat_values,
+                pk,
+                false,
+                Scan::Part(pk),
+            )
             .await?;
         let row: Option<(Option<BTreeMap<String, StoredHeartbeat>>,)> =
             self.first_row(result, None, "heartbeat read")?;
@@ -163,7 +170,7 @@ impl CassandraMembershipTable {
             ));
         };
         let result = self
-            .exec_read(operation, read_heartbeats, pk, false)
+            .exec_read(operation, read_heartbeats, pk, false, Scan::Part(pk))
             .await?;
         Ok(self
             .first_row::<HeartbeatCellsRow>(result, None, "heartbeat read")?

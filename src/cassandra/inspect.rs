@@ -15,6 +15,7 @@ use tracing::{Span, instrument};
 
 use super::CassandraMembershipTable;
 use super::Pk;
+use crate::cassandra::exec::Scan;
 use crate::error::{MembershipError, Result};
 use crate::model::{ETag, MembershipEntry, SiloStatus, TableVersion, Timestamp};
 
@@ -98,7 +99,14 @@ impl CassandraMembershipTable {
         let mut paging = PagingState::start();
         loop {
             let (result, next) = self
-                .read_page("list_clusters", &st.list_clusters, (), paging, false)
+                .read_page(
+                    "list_clusters",
+                    &st.list_clusters,
+                    (),
+                    paging,
+                    false,
+                    Scan::Table,
+                )
                 .await?;
             let rows = result
                 .into_rows_result()

@@ -37,6 +37,7 @@ mod retry;
 mod schema;
 mod statements;
 mod tls;
+mod tombstones;
 mod version;
 mod write;
 
@@ -80,8 +81,8 @@ const MAX_ATTEMPTS: u32 = 8;
 /// One cluster's partition key; also the bind values of statements that take only it.
 #[derive(Clone, Copy, Debug, SerializeRow)]
 pub(crate) struct Pk<'a> {
-    service_id: &'a str,
-    cluster_id: &'a str,
+    pub(crate) service_id: &'a str,
+    pub(crate) cluster_id: &'a str,
 }
 
 /// The driver's timeout for each TCP connect. It tries the contact points one after another
@@ -105,6 +106,8 @@ struct Shared {
     routing: Option<scylla::client::execution_profile::ExecutionProfileHandle>,
     statements: OnceCell<Statements>,
     counters: Counters,
+    /// Per cluster: the tombstones a read of its partition last reported scanning (tombstones.rs).
+    tombstones: tombstones::Scanned,
 }
 
 /// The membership table on Cassandra / ScyllaDB. See the guide's
@@ -252,6 +255,7 @@ impl CassandraMembershipTable {
                 routing,
                 statements: OnceCell::new(),
                 counters: Counters::default(),
+                tombstones: tombstones::Scanned::default(),
             }),
             cluster_id,
             leases: Mutex::default(),
@@ -286,6 +290,18 @@ impl CassandraMembershipTable {
     /// `"keyspace"."table"` as the statements name it.
     pub fn qualified_table(&self) -> &str {
         &self.shared.qualified
+    }
+
+    /// The tombstones the latest read of this cluster's partition reported scanning in one
+    /// statement, as Cassandra counts them (the number its `tombstone_failure_threshold` is
+    /// compared with, per statement): `None` until a read of the partition scanned more than the
+    /// node's `tombstone_warn_threshold` (1,000 by default; below it Cassandra reports nothing),
+    /// and again once a whole-partition read scanned fewer. Exported as the gauge
+    /// `membership_table_tombstones_scanned` (feature `metrics`) and shown by
+    /// `cassandra-membership clusters`: the distance to the cliff where reads fail with
+    /// [`MembershipError::TooManyTombstones`](crate::MembershipError::TooManyTombstones).
+    pub fn tombstones_scanned(&self) -> Option<u64> {
+        self.shared.tombstones.get(&self.cluster_id)
     }
 
     /// How many statements of each kind all tables sharing this one's session and options ran.

@@ -17,6 +17,7 @@ use super::decode::{
 use super::etags::row_etag;
 use super::heartbeats::{StoredHeartbeat, merge_heartbeat};
 use super::{CassandraMembershipTable, MAX_ATTEMPTS, Pk};
+use crate::cassandra::exec::Scan;
 use crate::error::{MembershipError, Result};
 use crate::model::{MembershipRow, MembershipSnapshot, SiloAddress, TableVersion};
 
@@ -92,7 +93,9 @@ impl CassandraMembershipTable {
     /// The version's two static cells, read serially.
     pub(super) async fn read_statics(&self, pk: Pk<'_>) -> Result<StaticsRow> {
         let st = self.statements().await?;
-        let result = self.exec_read("read", &st.read_statics, pk, true).await?;
+        let result = self
+            .exec_read("read", &st.read_statics, pk, true, Scan::Part(pk))
+            .await?;
         Ok(self
             .first_row(result, None, "read returned no rows result")?
             .unwrap_or(StaticsRow {
@@ -141,7 +144,14 @@ impl CassandraMembershipTable {
                 view = Some((statics.version, statics.version_etag));
             }
             let (first, heartbeats) = tokio::join!(
-                self.read_page("read", read_rows, pk, PagingState::start(), true),
+                self.read_page(
+                    "read",
+                    read_rows,
+                    pk,
+                    PagingState::start(),
+                    true,
+                    Scan::Whole(pk),
+                ),
                 self.read_heartbeats(pk, "read"),
             );
             let mut page = Some(first?);
@@ -193,7 +203,10 @@ impl CassandraMembershipTable {
                     break;
                 }
                 if let PagingStateResponse::HasMorePages { state } = next {
-                    page = Some(self.read_page("read", read_rows, pk, state, true).await?);
+                    page = Some(
+                        self.read_page("read", read_rows, pk, state, true, Scan::Part(pk))
+                            .await?,
+                    );
                 }
             }
             if consistent {
@@ -254,6 +267,7 @@ impl CassandraMembershipTable {
                     silo: &key,
                 },
                 serial,
+                Scan::Part(self.pk()),
             )
             .await?;
         let Some(row) = self.first_row::<EntryWithStaticsRow>(
@@ -332,7 +346,9 @@ impl CassandraMembershipTable {
         values: impl SerializeRow,
         key: &str,
     ) -> Result<Option<EntryWithStaticsRow>> {
-        let result = self.exec_read("read_row", statement, values, true).await?;
+        let result = self
+            .exec_read("read_row", statement, values, true, Scan::Part(self.pk()))
+            .await?;
         self.first_row(result, Some(key), "read returned no rows result")
     }
 

@@ -28,6 +28,7 @@ const DELETE_HEARTBEAT_BEFORE: &str = include_str!("../../cql/delete_heartbeat_b
 const DELETE_EMPTY_ROW: &str = include_str!("../../cql/delete_empty_row.cql");
 const DELETE_ROW: &str = include_str!("../../cql/delete_row.cql");
 const DELETE_STATICS: &str = include_str!("../../cql/delete_statics.cql");
+const DELETE_PARTITION: &str = include_str!("../../cql/delete_partition.cql");
 const ALTER_TABLE_TTL: &str = include_str!("../../cql/alter_table_ttl.cql");
 const REWRITE_ENTRY: &str = include_str!("../../cql/rewrite_entry.cql");
 const AUDIT_PARTITION: &str = include_str!("../../cql/audit_partition.cql");
@@ -122,6 +123,8 @@ pub(crate) struct Statements {
     pub(crate) update_batch: Batch,
     pub(crate) delete_row: PreparedStatement,
     pub(crate) delete_statics: PreparedStatement,
+    /// The whole partition, unfenced: `delete_cluster` of a partition no read can scan.
+    pub(crate) delete_partition: PreparedStatement,
     pub(crate) write_version: PreparedStatement,
     /// rewrite_entry + update_entry + write_version (the `patch` policy).
     pub(crate) patch_batch: Batch,
@@ -218,6 +221,8 @@ impl Statements {
             ),
             delete_row: prep(DELETE_ROW, commit).await?,
             delete_statics: prep(DELETE_STATICS, commit).await?,
+            // Plain and stamped by the coordinator: repeating it is harmless.
+            delete_partition: idempotent(prep(DELETE_PARTITION, commit).await?),
             write_version: write_version.clone(),
             patch_batch: batch(
                 profile,

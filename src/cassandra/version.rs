@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use super::bind::WriteVersionValues;
 use super::{CassandraMembershipTable, Pk};
+use crate::cassandra::exec::Scan;
 use crate::error::Result;
 use crate::model::Timestamp;
 
@@ -36,7 +37,13 @@ impl CassandraMembershipTable {
     ) -> Result<Option<Option<i32>>> {
         let st = self.statements().await?;
         let result = self
-            .exec_read(operation, &st.read_version_ttl, self.pk(), false)
+            .exec_read(
+                operation,
+                &st.read_version_ttl,
+                self.pk(),
+                false,
+                Scan::Part(self.pk()),
+            )
             .await?;
         let row: Option<(Option<Uuid>, Option<i32>)> =
             self.first_row(result, None, "version TTL read returned no rows")?;

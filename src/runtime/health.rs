@@ -21,6 +21,9 @@ pub enum SiloHealth {
         lease: Option<Lease>,
         /// The last error, as text.
         last_error: String,
+        /// What kind of failure the last one was: an outage heals by itself, the others need
+        /// an operator.
+        cause: FailureCause,
     },
     /// No heartbeat has succeeded for so long that this silo may soon lose its membership: the
     /// fence horizon (the failure-detection horizon measured from the last successful publish,
@@ -31,6 +34,8 @@ pub enum SiloHealth {
         lease: Option<Lease>,
         /// Consecutive failures (a call still in flight at the horizon counts as one).
         failures: u32,
+        /// What kind of failure the last one was (`None`: none failed yet, a call is slow).
+        cause: Option<FailureCause>,
     },
     /// The entry is gone (expired, cleaned up or deleted). Final: the heartbeat stopped and
     /// never re-creates the entry.
@@ -41,6 +46,39 @@ pub enum SiloHealth {
     Stopped,
 }
 
+/// What kind of failure made heartbeats fail ([`SiloHealth::Failing`],
+/// [`SiloHealth::LeaseAtRisk`]), from the table's error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FailureCause {
+    /// Storage was unreachable or slow, or an outcome was unknown: it heals by itself.
+    Outage,
+    /// The cluster's partition holds more tombstones than one read may scan
+    /// ([`MembershipError::TooManyTombstones`](crate::MembershipError::TooManyTombstones)): it
+    /// does not heal until the tombstones are purged; see `docs::tombstones`.
+    TooManyTombstones,
+    /// Credentials refused or a permission missing.
+    AccessDenied,
+    /// Anything else (a schema problem, stored data that cannot be read).
+    Other,
+}
+
+impl FailureCause {
+    /// The cause of `err`.
+    pub fn of(err: &crate::MembershipError) -> FailureCause {
+        use crate::MembershipError as E;
+        match err {
+            E::Unavailable { .. }
+            | E::Timeout { .. }
+            | E::OutcomeUnknown { .. }
+            | E::Contention { .. } => FailureCause::Outage,
+            E::TooManyTombstones { .. } => FailureCause::TooManyTombstones,
+            E::AccessDenied { .. } => FailureCause::AccessDenied,
+            _ => FailureCause::Other,
+        }
+    }
+}
+
 impl SiloHealth {
     /// True while the host may serve as a member: `Starting`, `Healthy` and `Failing` (the fence
     /// horizon is still ahead). False once it must fence (`LeaseAtRisk`) and in the final states.
@@ -49,7 +87,8 @@ impl SiloHealth {
     /// ```
     /// use cassandra_membership::SiloHealth;
     /// assert!(SiloHealth::Starting.should_serve());
-    /// assert!(!SiloHealth::LeaseAtRisk { lease: None, failures: 3 }.should_serve());
+    /// use cassandra_membership::FailureCause;
+    /// assert!(!SiloHealth::LeaseAtRisk { lease: None, failures: 3, cause: Some(FailureCause::Outage) }.should_serve());
     /// assert!(!SiloHealth::DeclaredDead.should_serve());
     /// ```
     pub fn should_serve(&self) -> bool {

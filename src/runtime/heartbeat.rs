@@ -16,7 +16,7 @@ use crate::clock::Clock;
 use crate::error::MembershipError;
 use crate::model::{SiloAddress, SiloStatus, Timestamp};
 use crate::options::MembershipOptions;
-use crate::runtime::health::SiloHealth;
+use crate::runtime::health::{FailureCause, SiloHealth};
 use crate::runtime::observe::{HealthChange, SiloMetrics};
 use crate::runtime::planner::HeartbeatPlanner;
 use crate::runtime::protocol::{bounded, deadline_after, instant_after};
@@ -62,7 +62,7 @@ fn publish(sender: &HealthSender, health: SiloHealth) {
 #[derive(Clone, Debug)]
 pub(crate) struct OwnEntryReport {
     health: Arc<HealthSender>,
-    unknown: Arc<watch::Sender<bool>>,
+    unknown: Arc<watch::Sender<Option<FailureCause>>>,
 }
 
 impl OwnEntryReport {
@@ -74,17 +74,17 @@ impl OwnEntryReport {
             None => publish(&self.health, SiloHealth::EntryMissing),
             Some(SiloStatus::Dead) => publish(&self.health, SiloHealth::DeclaredDead),
             Some(_) => {
-                self.unknown
-                    .send_if_modified(|u| std::mem::replace(u, false));
+                self.unknown.send_if_modified(|u| u.take().is_some());
             }
         }
     }
 
     /// The detector could not read the own row for too long: the others may have declared this
     /// silo dead unseen, so the host must fence until a read succeeds again.
-    pub(crate) fn own_entry_unknown(&self) {
+    /// `cause`: the kind of the detector's last failure.
+    pub(crate) fn own_entry_unknown(&self, cause: FailureCause) {
         self.unknown
-            .send_if_modified(|u| !std::mem::replace(u, true));
+            .send_if_modified(|u| u.replace(cause) != Some(cause));
     }
 }
 
@@ -93,7 +93,7 @@ impl OwnEntryReport {
 pub(crate) struct Heartbeat {
     health: watch::Receiver<SiloHealth>,
     health_tx: Arc<HealthSender>,
-    unknown_tx: Arc<watch::Sender<bool>>,
+    unknown_tx: Arc<watch::Sender<Option<FailureCause>>>,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
@@ -113,7 +113,7 @@ impl Heartbeat {
             tx,
             metrics: metrics.clone(),
         });
-        let (unknown_tx, unknown) = watch::channel(false);
+        let (unknown_tx, unknown) = watch::channel(None);
         let unknown_tx = Arc::new(unknown_tx);
         let (stop, stop_rx) = watch::channel(false);
         let task = HeartbeatTask {
@@ -200,9 +200,9 @@ struct HeartbeatTask {
     health: Arc<HealthSender>,
     final_rx: watch::Receiver<SiloHealth>,
     metrics: SiloMetrics,
-    unknown: watch::Receiver<bool>,
+    unknown: watch::Receiver<Option<FailureCause>>,
     /// Held so `unknown` never closes (a closed watch would wake the task in a loop).
-    _keep_unknown: Arc<watch::Sender<bool>>,
+    _keep_unknown: Arc<watch::Sender<Option<FailureCause>>>,
     stop: watch::Receiver<bool>,
 }
 
@@ -344,8 +344,12 @@ impl HeartbeatTask {
             } => {
                 warn!(%cluster, silo = %address, failures, error = %last_error, "heartbeat failed; retrying")
             }
-            SiloHealth::LeaseAtRisk { lease, failures } => {
-                warn!(%cluster, silo = %address, failures, expires_at = ?lease.and_then(|l| l.expires_at),
+            SiloHealth::LeaseAtRisk {
+                lease,
+                failures,
+                cause,
+            } => {
+                warn!(%cluster, silo = %address, failures, ?cause, expires_at = ?lease.and_then(|l| l.expires_at),
                     "past the fence horizon: the host must fence itself")
             }
             SiloHealth::EntryMissing => {
@@ -383,7 +387,7 @@ mod tests {
                 tx,
                 metrics: SiloMetrics::new(&table, &silo),
             }),
-            unknown: Arc::new(watch::channel(false).0),
+            unknown: Arc::new(watch::channel(None).0),
         };
         report.own_entry(Some(SiloStatus::Active));
         assert_eq!(*rx.borrow(), SiloHealth::Starting);

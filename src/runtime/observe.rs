@@ -102,6 +102,17 @@ impl SiloMetrics {
             use crate::observe::imp::{HEARTBEATS, LEASE_HEADROOM};
             let (outcome, lease) = match health {
                 SiloHealth::Healthy { lease } => ("ok", Some(lease)),
+                // Distinct from an outage: it does not heal by itself (docs::tombstones).
+                SiloHealth::Failing {
+                    lease,
+                    cause: crate::FailureCause::TooManyTombstones,
+                    ..
+                }
+                | SiloHealth::LeaseAtRisk {
+                    lease,
+                    cause: Some(crate::FailureCause::TooManyTombstones),
+                    ..
+                } => ("tombstones", lease.as_ref()),
                 SiloHealth::Failing { lease, .. } | SiloHealth::LeaseAtRisk { lease, .. } => {
                     ("failed", lease.as_ref())
                 }

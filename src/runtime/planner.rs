@@ -8,7 +8,7 @@ use crate::clock::scale;
 use crate::error::MembershipError;
 use crate::model::{SiloStatus, Timestamp};
 use crate::options::MembershipOptions;
-use crate::runtime::health::SiloHealth;
+use crate::runtime::health::{FailureCause, SiloHealth};
 use crate::table::{HeartbeatOutcome, Lease};
 
 /// The heartbeat's decisions, without IO or clocks: fed outcomes and times, it answers the
@@ -34,6 +34,8 @@ pub(crate) struct HeartbeatPlanner {
     lease: Option<Lease>,
     failures: u32,
     last_error: String,
+    /// The kind of the last failure.
+    last_cause: Option<FailureCause>,
     published_at: Duration,
     /// The largest I-am-alive time written so far. Backends keep the largest stored time, so
     /// after a backward wall-clock step a write that "succeeds" publishes nothing new: the
@@ -63,6 +65,7 @@ impl HeartbeatPlanner {
             lease: None,
             failures: 0,
             last_error: String::new(),
+            last_cause: None,
             published_at: joined_at,
             published_wall: None,
             lease_due: None,
@@ -153,12 +156,17 @@ impl HeartbeatPlanner {
             SiloHealth::LeaseAtRisk {
                 lease: self.lease,
                 failures: self.failures.saturating_add(u32::from(in_flight)),
+                cause: self
+                    .last_cause
+                    .filter(|_| self.failures > 0)
+                    .or(in_flight.then_some(FailureCause::Outage)),
             }
         } else if self.failures > 0 {
             SiloHealth::Failing {
                 failures: self.failures,
                 lease: self.lease,
                 last_error: self.last_error.clone(),
+                cause: self.last_cause.unwrap_or(FailureCause::Other),
             }
         } else if let Some(lease) = self.lease {
             SiloHealth::Healthy { lease }
@@ -210,6 +218,7 @@ impl HeartbeatPlanner {
             Err(e) => {
                 self.failures = self.failures.saturating_add(1);
                 self.last_error = e.to_string();
+                self.last_cause = Some(FailureCause::of(e));
                 self.health(now, false)
             }
         }
@@ -240,6 +249,7 @@ impl HeartbeatPlanner {
             Err(e) => {
                 self.failures = self.failures.saturating_add(1);
                 self.last_error = e.to_string();
+                self.last_cause = Some(FailureCause::of(e));
                 self.health(now, false)
             }
         }
@@ -247,17 +257,23 @@ impl HeartbeatPlanner {
 
     /// What the host is shown at `now`: [`HeartbeatPlanner::health`], but fenced while the
     /// failure detector reports the own row `unknown` (it could not read it for too long).
-    pub(crate) fn shown(&self, now: Duration, in_flight: bool, unknown: bool) -> SiloHealth {
-        match self.health(now, in_flight) {
-            SiloHealth::Starting | SiloHealth::Healthy { .. } | SiloHealth::Failing { .. }
-                if unknown =>
-            {
-                SiloHealth::LeaseAtRisk {
-                    lease: self.lease(),
-                    failures: self.failures().saturating_add(u32::from(in_flight)),
-                }
-            }
-            health => health,
+    /// `unknown`: the kind of the detector's failures while it cannot read the own row.
+    pub(crate) fn shown(
+        &self,
+        now: Duration,
+        in_flight: bool,
+        unknown: Option<FailureCause>,
+    ) -> SiloHealth {
+        match (self.health(now, in_flight), unknown) {
+            (
+                SiloHealth::Starting | SiloHealth::Healthy { .. } | SiloHealth::Failing { .. },
+                Some(cause),
+            ) => SiloHealth::LeaseAtRisk {
+                lease: self.lease(),
+                failures: self.failures().saturating_add(u32::from(in_flight)),
+                cause: Some(cause),
+            },
+            (health, _) => health,
         }
     }
 }
@@ -310,6 +326,56 @@ mod tests {
         Err(MembershipError::config("x", "boom"))
     }
 
+    /// The cause of the last failure is what the host is shown, while failing and once fenced;
+    /// a detector that cannot read the own row fences with its own failure's cause.
+    #[test]
+    fn the_health_names_the_kind_of_the_last_failure() {
+        let o = MembershipOptions::default();
+        let mut p = HeartbeatPlanner::new(&o, secs(0));
+        let buried = Err(MembershipError::TooManyTombstones {
+            operation: "read_row",
+            service_id: "s".into(),
+            cluster_id: "c".into(),
+            last_scanned: None,
+            source: "aborted".into(),
+        });
+        assert!(matches!(
+            p.on_outcome(secs(1), wall(1), secs(1), &buried),
+            SiloHealth::Failing {
+                cause: FailureCause::TooManyTombstones,
+                ..
+            }
+        ));
+        let outage = Err(MembershipError::Timeout {
+            operation: "update_i_am_alive",
+            source: "slow".into(),
+        });
+        assert!(matches!(
+            p.on_outcome(secs(2), wall(2), secs(2), &outage),
+            SiloHealth::Failing {
+                cause: FailureCause::Outage,
+                ..
+            }
+        ));
+        assert!(matches!(
+            p.health(secs(500), false),
+            SiloHealth::LeaseAtRisk {
+                cause: Some(FailureCause::Outage),
+                ..
+            }
+        ));
+        let fresh = HeartbeatPlanner::new(&o, secs(0));
+        assert!(matches!(
+            fresh.shown(secs(1), false, Some(FailureCause::TooManyTombstones)),
+            SiloHealth::LeaseAtRisk {
+                cause: Some(FailureCause::TooManyTombstones),
+                failures: 0,
+                ..
+            }
+        ));
+        assert_eq!(fresh.shown(secs(1), false, None), SiloHealth::Starting);
+    }
+
     #[test]
     fn horizons_with_the_defaults() {
         let o = MembershipOptions::default();
@@ -352,7 +418,8 @@ mod tests {
             p.health(secs(73), false),
             SiloHealth::LeaseAtRisk {
                 lease: Some(Lease::unbounded(wall(10))),
-                failures: 1
+                failures: 1,
+                cause: Some(FailureCause::Other),
             }
         );
         // A call in flight at the horizon counts as failed.
@@ -447,7 +514,8 @@ mod tests {
             h,
             SiloHealth::LeaseAtRisk {
                 lease: Some(granted),
-                failures: 7
+                failures: 7,
+                cause: Some(FailureCause::Other),
             }
         );
         assert_eq!(p.next_delay(secs(90), 0.5), secs(1));

@@ -328,7 +328,7 @@ impl Silo {
                             // As long as the others may take to declare a silent silo dead:
                             // past it, this silo cannot know it is still a member.
                             if failed_rounds >= options.num_missed_table_i_am_alive_limit {
-                                report.own_entry_unknown();
+                                report.own_entry_unknown(crate::FailureCause::of(&e));
                             }
                         }
                     }

@@ -17,5 +17,6 @@ mod runtime_fencing;
 #[cfg(feature = "rustls")]
 mod secure;
 mod smoke;
+mod tombstones;
 mod under_load;
 mod version_lost;

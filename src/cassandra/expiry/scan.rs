@@ -10,6 +10,7 @@ use super::plan::{PartitionRows, Plan, ScanRow, plan};
 use super::ttl::TtlRules;
 use crate::cassandra::CassandraMembershipTable;
 use crate::cassandra::Pk;
+use crate::cassandra::exec::Scan;
 use crate::error::{MembershipError, Result};
 use crate::model::Timestamp;
 
@@ -69,10 +70,12 @@ impl CassandraMembershipTable {
         let st = self.statements().await?;
         let mut out = Vec::new();
         let mut paging = PagingState::start();
+        let mut scan = Scan::Whole(pk);
         loop {
             let (result, next) = self
-                .read_page("audit_ttl", &st.audit_partition, pk, paging, false)
+                .read_page("audit_ttl", &st.audit_partition, pk, paging, false, scan)
                 .await?;
+            scan = Scan::Part(pk);
             let rows = result
                 .into_rows_result()
                 .map_err(|e| MembershipError::corrupt(None, format!("audit: {e}")))?;

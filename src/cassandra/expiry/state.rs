@@ -13,6 +13,7 @@ use super::plan::{ScanRow, VersionFloor, version_floor};
 use super::ttl::{self, TtlRules, keep_longer, renewed_row_ttl};
 use crate::cassandra::CassandraMembershipTable;
 use crate::cassandra::bind::SiloKey;
+use crate::cassandra::exec::Scan;
 use crate::cassandra::options::MAX_TTL_SECONDS;
 use crate::error::{MembershipError, Result};
 
@@ -177,6 +178,7 @@ impl CassandraMembershipTable {
                     cluster_id: &self.cluster_id,
                 },
                 false,
+                Scan::Part(self.pk()),
             )
             .await?;
         let rows = r.into_rows_result().map_err(|e| {

@@ -1,0 +1,141 @@
+//! A cluster whose partition holds more tombstones than Cassandra lets one read scan: the reads
+//! that meet them fail with a typed error naming the cluster and what an operator can do, and
+//! reads past Cassandra's warning threshold report how many tombstones they scanned, so the
+//! cliff is seen before it is reached.
+
+use std::time::Instant;
+
+use cassandra_membership::conformance::new_entry;
+use cassandra_membership::{MembershipError, MembershipTable, Timestamp};
+use scylla::client::session::Session;
+
+use crate::utils::{KEYSPACE, options, session_with_keyspace, table_on, unique};
+
+/// Cassandra's default `tombstone_failure_threshold` (the node `scripts/cassandra.sh` starts keeps
+/// the default) and `tombstone_warn_threshold`.
+const FAILURE_THRESHOLD: usize = 100_000;
+const WARN_THRESHOLD: usize = 1_000;
+
+/// Writes `n` row tombstones into `cluster`'s partition, past the provider, at keys that sort
+/// before every silo key (a deleted generation leaves at least one such marker).
+async fn bury(s: &Session, cluster: &str, n: usize) {
+    use futures::StreamExt as _;
+    let started = Instant::now();
+    let delete = s
+        .prepare(format!(
+            "DELETE FROM {KEYSPACE}.membership WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ?"
+        ))
+        .await
+        .unwrap();
+    let delete = &delete;
+    futures::stream::iter(0..n)
+        .map(|i| async move {
+            s.execute_unpaged(delete, (cluster, format!("0.0.0.0:0@{i:09}")))
+                .await
+                .expect("a plain delete")
+        })
+        .buffer_unordered(128)
+        .for_each(|_| async {})
+        .await;
+    eprintln!("{n} row tombstones written in {:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_past_the_failure_threshold_fail_with_a_typed_error_naming_the_cluster() {
+    let cluster = unique("tombstones-fail");
+    let s = session_with_keyspace().await;
+    let t = table_on(&s, options(&cluster));
+    t.initialize(true).await.unwrap();
+    let e = new_entry(Timestamp::now());
+    let v = t.read_all().await.unwrap().version;
+    assert!(t.insert_row(&e, &v.next()).await.unwrap());
+    // Another cluster of the same table, untouched: its reads must keep working.
+    let neighbour = unique("tombstones-neighbour");
+    let n = table_on(&s, options(&neighbour));
+    n.initialize(true).await.unwrap();
+
+    bury(&s, &cluster, FAILURE_THRESHOLD + 100).await;
+
+    let err = t
+        .read_all()
+        .await
+        .expect_err("read_all of the buried partition");
+    match &err {
+        MembershipError::TooManyTombstones {
+            service_id,
+            cluster_id,
+            ..
+        } => {
+            assert_eq!(service_id, "test-service");
+            assert_eq!(cluster_id, &cluster);
+        }
+        other => panic!("expected TooManyTombstones, got {other:?}"),
+    }
+    assert!(!err.is_transient(), "{err}");
+    let text = err.to_string();
+    for what in [
+        cluster.as_str(),
+        "gc_grace_seconds",
+        "compact",
+        "delete-cluster",
+    ] {
+        assert!(text.contains(what), "{text:?} names {what}");
+    }
+    // A read of one row starts at its key and scans nothing before it.
+    let own = t
+        .read_row(&e.address)
+        .await
+        .expect("read_row of a live entry");
+    assert_eq!(own.rows.len(), 1);
+    assert!(
+        n.read_all().await.is_ok(),
+        "the neighbour cluster still reads"
+    );
+
+    // What the error tells an operator to do with a cluster that is gone works past the cliff:
+    // the cluster is removed, and a new one under its name reads and writes again.
+    t.delete_cluster(&cluster)
+        .await
+        .expect("delete_cluster of a buried partition");
+    let again = table_on(&s, options(&cluster));
+    again.initialize(true).await.unwrap();
+    let snapshot = again.read_all().await.expect("the cluster reads again");
+    assert!(snapshot.rows.is_empty(), "{:?}", snapshot.rows);
+    let e = new_entry(Timestamp::now());
+    assert!(
+        again
+            .insert_row(&e, &snapshot.version.next())
+            .await
+            .unwrap()
+    );
+    assert_eq!(again.read_all().await.unwrap().rows.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_past_the_warning_threshold_report_the_tombstones_they_scanned() {
+    let cluster = unique("tombstones-warn");
+    let s = session_with_keyspace().await;
+    let t = table_on(&s, options(&cluster));
+    t.initialize(true).await.unwrap();
+    let e = new_entry(Timestamp::now());
+    let v = t.read_all().await.unwrap().version;
+    assert!(t.insert_row(&e, &v.next()).await.unwrap());
+    t.read_all().await.unwrap();
+    assert_eq!(
+        t.tombstones_scanned(),
+        None,
+        "a clean partition reports none"
+    );
+
+    let buried = WARN_THRESHOLD * 3;
+    bury(&s, &cluster, buried).await;
+    let snapshot = t.read_all().await.unwrap();
+    assert_eq!(snapshot.rows.len(), 1);
+    let scanned = t
+        .tombstones_scanned()
+        .expect("a read past the warning threshold reports its tombstones");
+    assert!(
+        (buried as u64..=buried as u64 + 10).contains(&scanned),
+        "{scanned} tombstones reported, {buried} written"
+    );
+}
