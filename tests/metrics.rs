@@ -413,6 +413,100 @@ fn the_cassandra_table_records_every_operation_by_outcome_with_its_latency() {
     );
 }
 
+/// Row tombstones written past the provider into `cluster`'s partition of `table`.
+async fn bury(table: &CassandraMembershipTable, service: &str, cluster: &str, n: usize) {
+    use futures::StreamExt as _;
+    let s = table.session();
+    let delete = s
+        .prepare(format!(
+            "DELETE FROM {} WHERE service_id = ? AND cluster_id = ? AND silo = ?",
+            table.qualified_table()
+        ))
+        .await
+        .unwrap();
+    let delete = &delete;
+    futures::stream::iter(0..n)
+        .map(|i| async move {
+            s.execute_unpaged(delete, (service, cluster, format!("0.0.0.0:0@{i:09}")))
+                .await
+                .expect("a plain delete")
+        })
+        .buffer_unordered(128)
+        .for_each(|_| async {})
+        .await;
+}
+
+/// The tombstones a read of the cluster's partition reports scanning are a gauge (the distance
+/// to the cliff), and a read the node aborts for them is an outcome of its own, not `error`.
+/// Real node (its default thresholds: warning past 1,000, failure past 100,000).
+#[test]
+fn the_tombstones_a_read_scans_are_a_gauge_and_the_cliff_an_outcome_of_its_own() {
+    let cluster = format!("metrics-tombstones-{}", uuid::Uuid::new_v4());
+    let service = "metrics-svc";
+    let mut gauges = Vec::new();
+    let all = with_recorder(false, || async {
+        let options = CassandraClusteringOptions::default()
+            .keyspace("cm_metrics")
+            .service_id(service)
+            .cluster_id(cluster.clone())
+            .contact_points([contact_point()])
+            .create_keyspace_simple(1);
+        let table = CassandraMembershipTable::connect(options).await.unwrap();
+        table.initialize(true).await.unwrap();
+        table.read_all().await.unwrap();
+        bury(&table, service, &cluster, 2_500).await;
+        table.read_all().await.unwrap();
+        gauges.push(table.tombstones_scanned());
+        bury(&table, service, &cluster, 100_100).await;
+        let err = table.read_all().await.unwrap_err();
+        assert!(
+            matches!(err, MembershipError::TooManyTombstones { .. }),
+            "{err:?}"
+        );
+    });
+    // Removed outside the recorder: its final read (below the warning) would zero the gauge.
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let options = CassandraClusteringOptions::default()
+            .keyspace("cm_metrics")
+            .service_id(service)
+            .cluster_id(cluster.clone())
+            .contact_points([contact_point()]);
+        let table = CassandraMembershipTable::connect(options).await.unwrap();
+        table.delete_cluster(&cluster).await.unwrap();
+        table.read_all().await.unwrap();
+        assert_eq!(
+            table.tombstones_scanned(),
+            None,
+            "none once it is deleted whole"
+        );
+    });
+    let pairs = [("service", service), ("cluster", cluster.as_str())];
+    assert_eq!(gauges, [Some(2_500)]);
+    assert_eq!(
+        gauge(
+            &all,
+            "membership_table_tombstones_scanned",
+            &pairs,
+            Unit::Count
+        ),
+        2_500.0
+    );
+    let at = |outcome| {
+        vec![
+            ("service", service),
+            ("cluster", cluster.as_str()),
+            ("operation", "read_all"),
+            ("outcome", outcome),
+        ]
+    };
+    assert_eq!(counter(&all, OPERATIONS, &at("ok")), 2);
+    assert_eq!(counter(&all, OPERATIONS, &at("tombstones")), 1);
+    assert!(
+        !all[OPERATIONS].contains_key(&labels(&at("error"))),
+        "no read_all counted as a plain error"
+    );
+}
+
 /// A table call its caller stopped waiting for (the runtime's `table_operation_timeout` bound,
 /// a host's own timeout) is counted, as `cancelled`, with the time it ran: those are the calls
 /// that fence a silo. Real node.

@@ -139,3 +139,56 @@ async fn reads_past_the_warning_threshold_report_the_tombstones_they_scanned() {
         "{scanned} tombstones reported, {buried} written"
     );
 }
+
+/// A silo whose cluster's partition is buried fences, and says why: its failure detector's reads
+/// fail with `TooManyTombstones`, which the health names apart from an outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_silo_of_a_buried_cluster_fences_naming_the_tombstones() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use cassandra_membership::{FailureCause, MembershipOptions, Silo, SiloAddress, SiloHealth};
+
+    let cluster = unique("tombstones-silo");
+    let s = session_with_keyspace().await;
+    let mut m = MembershipOptions::default();
+    m.i_am_alive_table_publish_timeout = Duration::from_millis(500);
+    m.max_defunct_silo_entries = None;
+    let table: Arc<dyn MembershipTable> = Arc::new(table_on(&s, options(&cluster).membership(m)));
+    let address = SiloAddress::new_incarnation("127.0.0.1:13001".parse().unwrap()).unwrap();
+    let silo = Silo::join(Arc::clone(&table), address).await.unwrap();
+    let mut health = silo.health();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        health.wait_for(|h| matches!(h, SiloHealth::Healthy { .. })),
+    )
+    .await
+    .expect("healthy after joining")
+    .unwrap();
+
+    bury(&s, &cluster, FAILURE_THRESHOLD + 100).await;
+    let fenced = tokio::time::timeout(
+        Duration::from_secs(30),
+        health.wait_for(|h| {
+            matches!(
+                h,
+                SiloHealth::LeaseAtRisk {
+                    cause: Some(FailureCause::TooManyTombstones),
+                    ..
+                }
+            )
+        }),
+    )
+    .await;
+    let now = silo.health().borrow().clone();
+    assert!(
+        matches!(fenced, Ok(Ok(_))),
+        "fenced naming the tombstones; health is {now:?}"
+    );
+    assert!(!now.should_serve());
+    silo.crash();
+    table
+        .delete_cluster(&cluster)
+        .await
+        .expect("the buried cluster is removed");
+}
