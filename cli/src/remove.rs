@@ -369,6 +369,12 @@ pub(crate) async fn delete_cluster(
         ),
         // A damaged version cannot be inspected, yet delete_cluster removes it: say so, go on.
         Err(e @ MembershipError::CorruptData { .. }) => (None, 0, Some(e.to_string())),
+        // Nor can a partition past the tombstone cliff, which delete_cluster deletes whole.
+        Err(MembershipError::TooManyTombstones { .. }) => (
+            None,
+            0,
+            Some("more tombstones than a read may scan: the partition is deleted whole".into()),
+        ),
         Err(e) => return Err(e.into()),
     };
     if version.is_none() && entries == 0 && damaged.is_none() {

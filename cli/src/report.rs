@@ -67,6 +67,10 @@ pub(crate) struct ClusterReport {
     /// there is no version to expire (read `version` first).
     pub(crate) version_ttl_seconds: Option<u32>,
     pub(crate) version_expires_at: Option<String>,
+    /// The tombstones one statement of the read scanned, as the node reported it; `null` below
+    /// its `tombstone_warn_threshold` (1,000 by default). Past `tombstone_failure_threshold`
+    /// (100,000) reads of the cluster fail: see `error`.
+    pub(crate) tombstones_scanned: Option<u64>,
     /// Why the cluster could not be read (e.g. a damaged version); `null` otherwise.
     pub(crate) error: Option<String>,
 }
@@ -86,6 +90,7 @@ impl ClusterReport {
             newest_i_am_alive: c.newest_i_am_alive().map(|t| t.to_string()),
             version_ttl_seconds: c.version_ttl_seconds,
             version_expires_at: c.version_expires_at().map(|t| t.to_string()),
+            tombstones_scanned: c.tombstones_scanned,
             error: None,
         }
     }
@@ -104,6 +109,7 @@ impl ClusterReport {
             newest_i_am_alive: None,
             version_ttl_seconds: None,
             version_expires_at: None,
+            tombstones_scanned: None,
             error: Some(error),
         }
     }
@@ -324,6 +330,7 @@ pub(crate) fn clusters_table(clusters: &[ClusterReport]) -> String {
         "ENTRIES",
         "NEWEST I-AM-ALIVE",
         "VERSION TTL",
+        "TOMBSTONES",
     ]);
     for c in clusters {
         let entries = if let Some(e) = &c.error {
@@ -355,6 +362,8 @@ pub(crate) fn clusters_table(clusters: &[ClusterReport]) -> String {
             } else {
                 ttl_cell(c.version_ttl_seconds, c.version_expires_at.as_ref())
             },
+            // What one read statement scanned; "-" below the node's warning threshold.
+            c.tombstones_scanned.map_or("-".into(), |n| n.to_string()),
         ]);
     }
     render(&t)

@@ -193,6 +193,65 @@ fn config_file(body: &str) -> PathBuf {
     path
 }
 
+/// `n` row tombstones in `t`'s partition, written past the provider.
+async fn bury(t: &CassandraMembershipTable, n: usize) {
+    use futures::StreamExt as _;
+    let s = t.session();
+    let delete = s
+        .prepare(format!(
+            "DELETE FROM {} WHERE service_id = ? AND cluster_id = ? AND silo = ?",
+            t.qualified_table()
+        ))
+        .await
+        .unwrap();
+    let (delete, cluster) = (&delete, t.options().cluster_id.clone());
+    let cluster = &cluster;
+    futures::stream::iter(0..n)
+        .map(|i| async move {
+            s.execute_unpaged(delete, (SERVICE, cluster, format!("0.0.0.0:0@{i:09}")))
+                .await
+                .expect("a plain delete")
+        })
+        .buffer_unordered(128)
+        .for_each(|_| async {})
+        .await;
+}
+
+/// `clusters` shows the tombstones a read of each cluster scanned (the distance to the cliff),
+/// names a cluster past the cliff in its line (exit 1), and `delete-cluster` removes it.
+#[tokio::test(flavor = "multi_thread")]
+async fn clusters_shows_the_tombstones_each_read_scans_and_delete_cluster_clears_a_buried_one() {
+    let table = unique_table();
+    let worn = cluster(&table, "worn", false).await;
+    three_entries(&worn).await;
+    bury(&worn, 2_500).await;
+    let report = json(cli(&table).args(["clusters", "--json"]));
+    let list = report["clusters"].as_array().unwrap();
+    assert_eq!(list.len(), 1, "{report}");
+    assert_eq!(list[0]["tombstones_scanned"], 2_500, "{report}");
+    let human = text(cli(&table).arg("clusters"));
+    assert!(
+        human.contains("TOMBSTONES") && human.contains("2500"),
+        "{human}"
+    );
+
+    // Past the cliff: the cluster's own reads fail naming what to do, and delete-cluster
+    // removes it (the listing itself scans each partition to its first live row, so it fails
+    // as a whole while one is buried: docs::tombstones says to name the cluster).
+    let buried = cluster(&table, "buried", false).await;
+    bury(&buried, 100_100).await;
+    let (_, stderr) = exits(cli(&table).args(["--cluster", "buried", "members"]), 1);
+    assert!(
+        stderr.contains("tombstone") && stderr.contains("gc_grace_seconds"),
+        "{stderr}"
+    );
+    json(cli(&table).args(["delete-cluster", "buried", "--yes", "--json"]));
+    let report = json(cli(&table).args(["clusters", "--json"]));
+    let list = report["clusters"].as_array().unwrap();
+    assert_eq!(list.len(), 1, "only the worn cluster is left: {report}");
+    drop_table(&worn).await;
+}
+
 fn member<'a>(report: &'a Value, address: &str) -> &'a Value {
     report["members"]
         .as_array()

@@ -319,7 +319,7 @@ impl CassandraMembershipTable {
                             operation,
                             service_id: pk.service_id.to_owned(),
                             cluster_id: pk.cluster_id.to_owned(),
-                            last_scanned: self.shared.tombstones.get(pk.cluster_id),
+                            last_scanned: self.shared.tombstones.get(pk),
                             source: Box::new(e),
                         });
                     }
@@ -340,11 +340,8 @@ impl CassandraMembershipTable {
             Scan::Part(pk) => (pk, false),
             Scan::Table => return,
         };
-        let before = self.shared.tombstones.get(pk.cluster_id);
-        let reported = self
-            .shared
-            .tombstones
-            .record(pk.cluster_id, whole, warnings);
+        let before = self.shared.tombstones.get(pk);
+        let reported = self.shared.tombstones.record(pk, whole, warnings);
         if let Some(n) = reported {
             tracing::debug!(
                 cluster = pk.cluster_id,
@@ -352,8 +349,9 @@ impl CassandraMembershipTable {
                 "a read reported the tombstones it scanned"
             );
         }
-        let after = self.shared.tombstones.get(pk.cluster_id);
-        if pk.cluster_id == self.cluster_id && before != after {
+        let after = self.shared.tombstones.get(pk);
+        if pk.cluster_id == self.cluster_id && pk.service_id == self.service_id() && before != after
+        {
             self.metrics.tombstones_scanned(after.unwrap_or(0));
         }
     }

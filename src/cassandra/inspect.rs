@@ -52,6 +52,10 @@ pub struct ClusterInspection {
     pub unreadable: Vec<String>,
     /// When the cluster was read (the local clock), the origin of every `expires_at`.
     pub read_at: Timestamp,
+    /// The tombstones one statement of this read scanned, as the node reported it (see
+    /// [`CassandraMembershipTable::tombstones_scanned`]); `None` below the node's warning
+    /// threshold.
+    pub tombstones_scanned: Option<u64>,
 }
 
 impl ClusterInspection {
@@ -197,6 +201,7 @@ impl CassandraMembershipTable {
             .collect();
         Span::current().record("entries", entries.len());
         Ok(ClusterInspection {
+            tombstones_scanned: self.shared.tombstones.get(pk),
             service_id: service_id.to_owned(),
             cluster_id: cluster_id.to_owned(),
             version: read.version,

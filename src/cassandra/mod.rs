@@ -106,7 +106,7 @@ struct Shared {
     routing: Option<scylla::client::execution_profile::ExecutionProfileHandle>,
     statements: OnceCell<Statements>,
     counters: Counters,
-    /// Per cluster: the tombstones a read of its partition last reported scanning (tombstones.rs).
+    /// Per partition: the tombstones a read of it last reported scanning (tombstones.rs).
     tombstones: tombstones::Scanned,
 }
 
@@ -301,7 +301,7 @@ impl CassandraMembershipTable {
     /// `cassandra-membership clusters`: the distance to the cliff where reads fail with
     /// [`MembershipError::TooManyTombstones`](crate::MembershipError::TooManyTombstones).
     pub fn tombstones_scanned(&self) -> Option<u64> {
-        self.shared.tombstones.get(&self.cluster_id)
+        self.shared.tombstones.get(self.pk())
     }
 
     /// How many statements of each kind all tables sharing this one's session and options ran.

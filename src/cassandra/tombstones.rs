@@ -7,27 +7,33 @@ use std::sync::Mutex;
 
 use scylla::errors::{DbError, ExecutionError, RequestAttemptError};
 
-/// Per cluster (of one table and service): the tombstones one statement of the latest read of
-/// its partition reported scanning.
+use super::Pk;
+
+/// Per partition (service, cluster) of one table: the tombstones one statement of the latest
+/// read of it reported scanning.
 #[derive(Debug, Default)]
-pub(super) struct Scanned(Mutex<HashMap<String, u64>>);
+pub(super) struct Scanned(Mutex<HashMap<(String, String), u64>>);
+
+fn key(pk: Pk<'_>) -> (String, String) {
+    (pk.service_id.to_owned(), pk.cluster_id.to_owned())
+}
 
 impl Scanned {
-    pub(super) fn get(&self, cluster_id: &str) -> Option<u64> {
+    pub(super) fn get(&self, pk: Pk<'_>) -> Option<u64> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(cluster_id)
+            .get(&key(pk))
             .copied()
     }
 
-    /// A statement of a read of `cluster_id`'s partition answered with `warnings`. `whole`: it
+    /// A statement of a read of `pk`'s partition answered with `warnings`. `whole`: it
     /// scanned the whole partition from its start (a full read's first page), so a statement
     /// without a tombstone warning proves the partition is below the warning threshold now.
     /// Returns the count it reported, if any.
     pub(super) fn record<'a>(
         &self,
-        cluster_id: &str,
+        pk: Pk<'_>,
         whole: bool,
         warnings: impl Iterator<Item = &'a str>,
     ) -> Option<u64> {
@@ -38,10 +44,10 @@ impl Scanned {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         match reported {
             Some(n) => {
-                map.insert(cluster_id.to_owned(), n);
+                map.insert(key(pk), n);
             }
             None if whole => {
-                map.remove(cluster_id);
+                map.remove(&key(pk));
             }
             None => {}
         }
