@@ -348,7 +348,8 @@ struct DeleteReport {
     service_id: String,
     cluster_id: String,
     version: Option<u64>,
-    entries: usize,
+    /// `null` when the cluster could not be read (past the tombstone cliff): live silos may remain.
+    entries: Option<usize>,
     /// Why the cluster could not be inspected before deleting (a damaged version), if so.
     damaged: Option<String>,
     deleted: bool,
@@ -364,20 +365,21 @@ pub(crate) async fn delete_cluster(
     let (version, entries, damaged) = match table.inspect_cluster(&service, target).await {
         Ok(c) => (
             (!c.version.etag.is_absent()).then_some(c.version.version),
-            c.entries.len() + c.unreadable.len(),
+            Some(c.entries.len() + c.unreadable.len()),
             None,
         ),
         // A damaged version cannot be inspected, yet delete_cluster removes it: say so, go on.
-        Err(e @ MembershipError::CorruptData { .. }) => (None, 0, Some(e.to_string())),
-        // Nor can a partition past the tombstone cliff, which delete_cluster deletes whole.
+        Err(e @ MembershipError::CorruptData { .. }) => (None, Some(0), Some(e.to_string())),
+        // Nor can a partition past the tombstone cliff, which delete_cluster shadows whole: what
+        // it holds is unknown (silos may still be live in it).
         Err(MembershipError::TooManyTombstones { .. }) => (
             None,
-            0,
-            Some("more tombstones than a read may scan: the partition is deleted whole".into()),
+            None,
+            Some("more tombstones than a read may scan: it could not be read, live silos may remain; the partition is deleted whole".into()),
         ),
         Err(e) => return Err(e.into()),
     };
-    if version.is_none() && entries == 0 && damaged.is_none() {
+    if version.is_none() && entries == Some(0) && damaged.is_none() {
         return Err(no_such_cluster(table, target));
     }
     let mut r = DeleteReport {
@@ -391,7 +393,7 @@ pub(crate) async fn delete_cluster(
     // Say what will go before anything goes.
     eprintln!(
         "delete-cluster: service {service} cluster {target}: {} and the table version ({}) of {}",
-        self::entries(r.entries),
+        r.entries.map_or("unknown entries".into(), self::entries),
         match (&r.damaged, r.version) {
             (Some(why), _) => format!("damaged: {why}"),
             (None, Some(v)) => format!("version {v}"),

@@ -179,3 +179,11 @@ pub(super) fn ttl_value(seconds: u64) -> i32 {
 pub(super) fn to_cql(t: Timestamp) -> CqlTimestamp {
     CqlTimestamp(t.as_millis())
 }
+
+/// `delete_partition.cql`.
+#[derive(SerializeRow)]
+pub(crate) struct DeletePartitionValues<'a> {
+    pub(crate) write_time_micros: i64,
+    pub(crate) service_id: &'a str,
+    pub(crate) cluster_id: &'a str,
+}

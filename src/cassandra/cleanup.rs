@@ -8,7 +8,9 @@ use scylla::response::{PagingState, PagingStateResponse};
 use tracing::{Span, debug, warn};
 use uuid::Uuid;
 
-use super::bind::{DeleteClusterValues, DeleteEntryValues, DeleteStaticsValues, SiloKey};
+use super::bind::{
+    DeleteClusterValues, DeleteEntryValues, DeletePartitionValues, DeleteStaticsValues, SiloKey,
+};
 use super::exec::Outcome;
 use super::heartbeats::{StoredHeartbeat, merge_heartbeat};
 use super::read::{larger_page, restart_pause};
@@ -16,6 +18,11 @@ use super::{CassandraMembershipTable, MAX_ATTEMPTS, Pk};
 use crate::cassandra::exec::Scan;
 use crate::error::{MembershipError, Result};
 use crate::model::{SiloStatus, Timestamp};
+
+/// How far in the past `delete_cluster` stamps the partition deletion of a buried partition:
+/// more than the clock skew between coordinators, less than the age of the tombstones it must
+/// shadow (hours, under any real churn).
+const SHADOW_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Rows per conditional batch in `delete_cluster`.
 const DELETE_CHUNK: usize = 100;
@@ -226,8 +233,24 @@ impl CassandraMembershipTable {
         if cluster_id.is_empty() {
             return Err(MembershipError::config("cluster_id", "must not be empty"));
         }
-        let st = self.statements().await?;
         let pk = self.pk_of(cluster_id);
+        match self.delete_fenced(pk).await {
+            // A read (or a conditional write's read) of the partition met more tombstones than
+            // the node lets it scan: its rows cannot be listed to delete them one by one.
+            Err(e) if super::tombstones::buried(&e) => {
+                self.shadow_buried_partition(pk).await?;
+                // What the partition deletion leaves (cells of the last moments) goes the
+                // fenced way; a partition still buried (tombstones of the last moments) fails.
+                self.delete_fenced(pk).await
+            }
+            done => done,
+        }
+    }
+
+    /// `delete_cluster`'s fenced path: see [`Self::delete_partition`].
+    async fn delete_fenced(&self, pk: Pk<'_>) -> Result<()> {
+        let cluster_id = pk.cluster_id;
+        let st = self.statements().await?;
         let started = Instant::now();
         // Set after a write moved the version between the key read and the first batch.
         let mut close_first = false;
@@ -254,14 +277,7 @@ impl CassandraMembershipTable {
                     continue;
                 }
             }
-            let raw = match self.read_raw_keys(pk).await {
-                // No read of the partition answers: the rows cannot be listed to delete one by
-                // one, fenced on the version.
-                Err(MembershipError::TooManyTombstones { .. }) => {
-                    return self.delete_buried_partition(pk).await;
-                }
-                raw => raw?,
-            };
+            let raw = self.read_raw_keys(pk).await?;
             let mut expected = raw.version_etag;
             let mut chunks: Vec<&[String]> = raw.keys.chunks(DELETE_CHUNK).collect();
             if chunks.is_empty() {
@@ -324,20 +340,32 @@ impl CassandraMembershipTable {
     }
 
     /// `delete_cluster` of a partition that no read can scan for its tombstones
-    /// ([`MembershipError::TooManyTombstones`]): one plain partition deletion, which shadows
-    /// every row, tombstone and heartbeat element written before it, so reads of the partition
-    /// scan none of them from then on. Not fenced on the version (no read answers to fence on):
-    /// a membership write racing it survives it whole or not at all (a conditional batch
-    /// carries one timestamp), which leaves a consistent partition; `check_deleted` reports it.
-    async fn delete_buried_partition(&self, pk: Pk<'_>) -> Result<()> {
+    /// ([`MembershipError::TooManyTombstones`]): one plain partition deletion stamped
+    /// [`SHADOW_MARGIN`] in the past, which shadows every row, tombstone and heartbeat element
+    /// written before then, so reads of the partition scan none of those from then on. Stamped
+    /// in the past so that no write acknowledged after it (a Paxos ballot of a coordinator whose
+    /// clock is behind this one's by less than the margin) falls under it; the fenced path then
+    /// deletes whatever is newer.
+    async fn shadow_buried_partition(&self, pk: Pk<'_>) -> Result<()> {
         let st = self.statements().await?;
         warn!(
             cluster = pk.cluster_id,
-            "the partition holds more tombstones than a read may scan: deleting it whole"
+            "the partition holds more tombstones than a read may scan: shadowing it with one partition deletion"
         );
-        self.exec_plain("delete_cluster", &st.delete_partition, pk)
-            .await?;
-        self.check_deleted(pk).await
+        let stamp = Timestamp::now()
+            .saturating_sub(SHADOW_MARGIN)
+            .as_millis()
+            .saturating_mul(1000);
+        self.exec_plain(
+            "delete_cluster",
+            &st.delete_partition,
+            DeletePartitionValues {
+                write_time_micros: stamp,
+                service_id: pk.service_id,
+                cluster_id: pk.cluster_id,
+            },
+        )
+        .await
     }
 
     /// After `delete_cluster`: forgets the leases of a deleted own cluster, and fails when rows

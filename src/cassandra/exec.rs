@@ -340,7 +340,6 @@ impl CassandraMembershipTable {
             Scan::Part(pk) => (pk, false),
             Scan::Table => return,
         };
-        let before = self.shared.tombstones.get(pk);
         let reported = self.shared.tombstones.record(pk, whole, warnings);
         if let Some(n) = reported {
             tracing::debug!(
@@ -350,8 +349,9 @@ impl CassandraMembershipTable {
             );
         }
         let after = self.shared.tombstones.get(pk);
-        if pk.cluster_id == self.cluster_id && pk.service_id == self.service_id() && before != after
-        {
+        // Emitted on every report, not only on a change: the store is shared by every handle of
+        // the table, and another one (an operator's inspection) may have recorded it first.
+        if pk.cluster_id == self.cluster_id && pk.service_id == self.service_id() {
             self.metrics.tombstones_scanned(after.unwrap_or(0));
         }
     }
@@ -418,6 +418,9 @@ impl CassandraMembershipTable {
                 Ok(reply) => Sent::Answered(reply),
                 Err(err) => Sent::Unreadable(err),
             },
+            // The round's read (of the condition's cells) was aborted for its tombstones: it
+            // never proposed, so it did not apply.
+            Err(e) if super::tombstones::is_overflow(&e) => Sent::Refused(e),
             Err(e) if may_have_applied(&e) => Sent::Ambiguous(e),
             Err(e) => Sent::Refused(e),
         }
