@@ -6,7 +6,8 @@
 #   scripts/cassandra.sh start [N]   start N nodes (1..3) on 127.0.0.1..127.0.0.N, or reuse running ones
 #                                    (CASSANDRA_FIRST_NODE=K numbers them K..K+N-1, on 127.0.0.K...)
 #   scripts/cassandra.sh kill I | pause I | resume I   SIGKILL / SIGSTOP / SIGCONT node I (fault tests)
-#   scripts/cassandra.sh restart I   start node I again on its existing data (after kill)
+#   scripts/cassandra.sh restart I   start node I again on its existing data (after kill);
+#                                    CASSANDRA_FAKETIME=+20s starts it with its clock 20 s ahead
 #   scripts/cassandra.sh stop [I]    stop the nodes this script started (or only node I)
 #   scripts/cassandra.sh status      print which nodes answer CQL
 #   scripts/cassandra.sh nodetool I ARGS...   run nodetool against node I (JMX on 127.0.0.1:7199+I)
@@ -275,10 +276,26 @@ start_node() { # $1 = node index, $2 = node count, $3 = "keep" to start on the n
   local opts
   mapfile -t opts < <(java_opts)
   opts+=(${extra[@]+"${extra[@]}"})
+  # CASSANDRA_FAKETIME (e.g. "+20s", "-20s"): the node runs with its clock that far off, under
+  # libfaketime (Debian's faketime package), for the clock-skew tests (scripts/nemesis.sh).
+  local clock=()
+  if [ -n "${CASSANDRA_FAKETIME:-}" ]; then
+    local faketime_lib=/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1
+    [ -f "$faketime_lib" ] || { log "CASSANDRA_FAKETIME needs libfaketime ($faketime_lib): apt-get install faketime"; exit 1; }
+    # Only the wall clock: the JVM's timers run on the monotonic one, which stays true.
+    clock=(env LD_PRELOAD="$faketime_lib" FAKETIME="$CASSANDRA_FAKETIME" FAKETIME_DONT_FAKE_MONOTONIC=1)
+    log "node $i runs with its clock $CASSANDRA_FAKETIME off"
+  fi
+  # CASSANDRA_NODE_GIDS=1: the node runs with group id 4000 + I (uid unchanged), so iptables can
+  # tell its packets apart (`-m owner --gid-owner`): every node's internode connections leave
+  # from 127.0.0.1 on loopback, whichever node opens them (scripts/nemesis.sh).
+  if [ -n "${CASSANDRA_NODE_GIDS:-}" ]; then
+    clock=(setpriv --regid=$((4000 + i)) --clear-groups ${clock[@]+"${clock[@]}"})
+  fi
   # setsid: the node outlives the shell that started it; stop() ends it by pid.
   local java
   java=$(node_java)
-  setsid "$java" -Xms"$heap" -Xmx"$heap" -XX:+UseG1GC -XX:+ExitOnOutOfMemoryError -Xss512k \
+  setsid ${clock[@]+"${clock[@]}"} "$java" -Xms"$heap" -Xmx"$heap" -XX:+UseG1GC -XX:+ExitOnOutOfMemoryError -Xss512k \
     "${opts[@]}" \
     -Dcassandra.config="file://$dir/conf/cassandra.yaml" \
     -Dlogback.configurationFile="file://$dir/conf/logback.xml" \

@@ -101,7 +101,7 @@ pub enum MembershipError {
     /// The existing table's expiry settings or rows disagree with the configured TTL, and the
     /// mismatch policy is `throw`. Nothing was written.
     #[error(
-        "TTL mismatch on {table}: the table's default_time_to_live is {table_ttl_seconds} s, the configured TTL is {configured_ttl_seconds} s, and {rows_disagreeing} row(s) carry other TTLs; ttl_mismatch = \"allow\" would keep the table and its rows as they are and write new data with the configured TTL; ttl_mismatch = \"patch\" would alter the table default and rewrite each row to expire as if the configured TTL had always applied"
+        "TTL mismatch on {table}: the table's default_time_to_live is {table_ttl_seconds} s, the configured TTL is {configured_ttl_seconds} s, and {rows_disagreeing} row(s) carry other TTLs (rows of this very configuration read so when a node that wrote them runs its clock ahead by more than ttl_renewal_interval: keep clocks in sync); ttl_mismatch = \"allow\" would keep the table and its rows as they are and write new data with the configured TTL; ttl_mismatch = \"patch\" would alter the table default and rewrite each row to expire as if the configured TTL had always applied"
     )]
     TtlMismatch {
         /// `keyspace.table`.

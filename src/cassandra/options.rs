@@ -158,8 +158,11 @@ pub struct CassandraClusteringOptions {
     /// What `initialize` does when the table disagrees with `ttl`. Default `throw`.
     pub ttl_mismatch: TtlMismatchPolicy,
     /// How often a heartbeating silo renews its entry's TTL with a conditional write; also how
-    /// much later than the TTL an entry may outlive its last heartbeat. Default: a tenth of
-    /// the TTL, rounded up to whole seconds.
+    /// much later than the TTL an entry may outlive its last heartbeat, and the clock skew
+    /// between Cassandra nodes (the one that writes a cell and the one that reads it) that
+    /// leases tolerate: a silo fences before its entry can look expired while that skew is below
+    /// this interval; beyond it a join may be refused with `TtlMismatch` (see `docs::expiry`,
+    /// "Whose clock decides"). Default: a tenth of the TTL, rounded up to whole seconds.
     #[serde(with = "humantime_serde")]
     pub ttl_renewal_interval: Option<Duration>,
     /// The table's `gc_grace_seconds`, set when the provider creates the table. Default 3 h

@@ -6,6 +6,7 @@
 //! default 1..3, on 127.0.0.K) and sends it signals through that script. Not part of the
 //! one-node run: `scripts/test.sh` runs it in its three-node stage (`cargo test --test three_nodes`).
 
+mod nemesis;
 mod outcomes;
 #[path = "../common/ring.rs"]
 mod ring;
