@@ -25,11 +25,20 @@
 //!
 #![doc = include_str!("../MAPPING.md")]
 
+mod cql;
+mod error;
+mod fence;
 mod mapping;
 mod options;
+mod placement;
+mod state;
 mod storage;
 
+pub use error::{RioStoreError, RioStoreResult};
+pub use fence::FencedClusterProvider;
 pub use options::RioStorageOptions;
+pub use placement::{CassandraObjectPlacement, PlacementOptions};
+pub use state::{CassandraState, StateOptions};
 pub use storage::CassandraMembershipStorage;
 
 // The README's code compiles (its Rust blocks are doc tests).

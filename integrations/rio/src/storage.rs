@@ -1,6 +1,6 @@
 //! [`CassandraMembershipStorage`]: rio's `MembershipStorage` on a membership table.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::{Arc, Mutex, Weak};
@@ -9,15 +9,19 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use cassandra_membership::{
     CassandraClusteringOptions, CassandraMembershipTable, HeartbeatOutcome, MembershipEntry,
-    MembershipError, MembershipTable, Result, SiloAddress, SiloStatus, SuspectTime, Timestamp,
+    MembershipError, MembershipSnapshot, MembershipTable, Result, SiloAddress, SiloHealth,
+    SiloStatus, SuspectTime, Timestamp,
 };
 use chrono::{DateTime, Utc};
 use rio_rs::cluster::storage::{Member, MembershipResult, MembershipStorage, MembershipUnitResult};
 use rio_rs::errors::MembershipError as RioError;
+use scylla::client::session::Session;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::RioStorageOptions;
+use crate::fence::FenceHorizon;
 use crate::mapping::{self, endpoint, live_row, next_generation, older_incarnations, status_for};
 
 /// rio's [`MembershipStorage`] on a [`MembershipTable`] — normally a [`CassandraMembershipTable`].
@@ -35,6 +39,12 @@ struct Inner {
     options: RioStorageOptions,
     /// The members this value pushed and keeps alive, by endpoint.
     own: Mutex<HashMap<SocketAddr, Own>>,
+    /// The health of each member this value pushed (final states stay until a new push or a
+    /// `remove` of that endpoint): what fences the server.
+    health: watch::Sender<BTreeMap<SocketAddr, SiloHealth>>,
+    /// The session and options when the table is a [`CassandraMembershipTable`]: the placement
+    /// and state stores share them.
+    cassandra: Option<(Arc<Session>, CassandraClusteringOptions)>,
 }
 
 struct Own {
@@ -80,7 +90,18 @@ impl CassandraMembershipStorage {
     pub async fn connect(options: CassandraClusteringOptions) -> Result<Self> {
         let rio = RioStorageOptions::from_membership(&options.membership);
         let table = CassandraMembershipTable::connect(options).await?;
-        Self::with_table(Arc::new(table), rio).await
+        Self::with_cassandra_table(table, rio).await
+    }
+
+    /// The storage on a [`CassandraMembershipTable`] the host built (e.g. with
+    /// [`CassandraMembershipTable::with_session`]): like [`CassandraMembershipStorage::with_table`],
+    /// and the placement and state stores can then share its session.
+    pub async fn with_cassandra_table(
+        table: CassandraMembershipTable,
+        options: RioStorageOptions,
+    ) -> Result<Self> {
+        let cassandra = Some((Arc::clone(table.session()), table.options().clone()));
+        Self::build(Arc::new(table), options, cassandra).await
     }
 
     /// The storage on a table the host already has (any backend, e.g. the in-memory table in a
@@ -88,6 +109,14 @@ impl CassandraMembershipStorage {
     pub async fn with_table(
         table: Arc<dyn MembershipTable>,
         options: RioStorageOptions,
+    ) -> Result<Self> {
+        Self::build(table, options, None).await
+    }
+
+    async fn build(
+        table: Arc<dyn MembershipTable>,
+        options: RioStorageOptions,
+        cassandra: Option<(Arc<Session>, CassandraClusteringOptions)>,
     ) -> Result<Self> {
         options.validate()?;
         options.validate_against_ttl(table.storage_expiry().ttl)?;
@@ -97,8 +126,61 @@ impl CassandraMembershipStorage {
                 table,
                 options,
                 own: Mutex::default(),
+                health: watch::Sender::new(BTreeMap::new()),
+                cassandra,
             }),
         })
+    }
+
+    /// The session and options of the Cassandra table, if the storage is on one.
+    pub(crate) fn cassandra(&self) -> Option<&(Arc<Session>, CassandraClusteringOptions)> {
+        self.inner.cassandra.as_ref()
+    }
+
+    /// The adapter's options.
+    pub fn options(&self) -> &RioStorageOptions {
+        &self.inner.options
+    }
+
+    /// The membership health of the member this value pushed at `ip:port` (`None` if it pushed
+    /// none there, or removed it): `Starting` after the push, `Healthy` after each heartbeat,
+    /// `Failing` / `LeaseAtRisk` while heartbeats fail, `DeclaredDead` / `EntryMissing` (final)
+    /// once its entry is Dead or gone. See the crate docs (Fencing).
+    pub fn health(&self, ip: &str, port: &str) -> Option<SiloHealth> {
+        let ep = endpoint(ip, port).ok()?;
+        self.inner.health.borrow().get(&ep).cloned()
+    }
+
+    /// Every change of the members' health, by endpoint.
+    pub fn watch_health(&self) -> watch::Receiver<BTreeMap<SocketAddr, SiloHealth>> {
+        self.inner.health.subscribe()
+    }
+
+    /// `None` while every member this value pushed may serve; otherwise one that may not, with
+    /// its health. A process that pushed nothing (a client, or a server before its provider
+    /// pushed it) is not fenced.
+    pub fn fenced(&self) -> Option<(SocketAddr, SiloHealth)> {
+        self.inner
+            .health
+            .borrow()
+            .iter()
+            .find(|(_, h)| !h.should_serve())
+            .map(|(ep, h)| (*ep, h.clone()))
+    }
+
+    /// Waits until the member this value pushed at `ep` is final (Dead, missing) and returns
+    /// that health; pending while it has none or serves.
+    pub(crate) async fn wait_final(&self, ep: SocketAddr) -> SiloHealth {
+        let mut rx = self.inner.health.subscribe();
+        let health = rx
+            .wait_for(|m| m.get(&ep).is_some_and(SiloHealth::is_final))
+            .await
+            .map(|m| m.get(&ep).cloned().unwrap_or(SiloHealth::Stopped));
+        match health {
+            Ok(h) => h,
+            // The sender lives in `Inner`, which this value keeps alive.
+            Err(_) => std::future::pending().await,
+        }
     }
 
     /// The table the members live in.
@@ -220,11 +302,13 @@ impl CassandraMembershipStorage {
     /// `push`: a new incarnation of the endpoint, then the older ones declared Dead.
     #[tracing::instrument(skip(self), fields(cluster = self.inner.table.cluster_id()), err)]
     async fn push_member(&self, ep: SocketAddr, active: bool) -> Result<SiloAddress> {
-        // Retried step by step: a repeated insert would start yet another incarnation.
+        // Retried step by step: a repeated insert would start yet another incarnation. The
+        // fence counts from before the insert that stored the first I-am-alive.
+        let published = tokio::time::Instant::now();
         let address = self
             .retrying("push", || self.insert_incarnation(ep, status_for(active)))
             .await?;
-        self.keep_alive(address);
+        self.keep_alive(address, published);
         self.retrying("push", || self.retire_older(address)).await?;
         info!(%address, "member pushed");
         Ok(address)
@@ -281,18 +365,15 @@ impl CassandraMembershipStorage {
     }
 
     /// Starts (or restarts) renewing `address`'s lease from this process.
-    fn keep_alive(&self, address: SiloAddress) {
-        let keeper = tokio::spawn(keep_lease(
-            Arc::downgrade(&self.inner),
-            address,
-            self.inner.options.heartbeat_period,
-        ));
-        if let Some(old) = self
-            .own()
-            .insert(address.endpoint(), Own { address, keeper })
-        {
+    fn keep_alive(&self, address: SiloAddress, published: tokio::time::Instant) {
+        let keeper = tokio::spawn(keep_lease(Arc::downgrade(&self.inner), address, published));
+        let mut own = self.own();
+        if let Some(old) = own.insert(address.endpoint(), Own { address, keeper }) {
             old.keeper.abort();
         }
+        self.inner.health.send_modify(|m| {
+            m.insert(address.endpoint(), SiloHealth::Starting);
+        });
     }
 
     /// `remove`: every incarnation of the endpoint that is not Dead yet is declared Dead (the
@@ -302,6 +383,9 @@ impl CassandraMembershipStorage {
         if let Some(o) = self.own().remove(&ep) {
             o.keeper.abort();
         }
+        self.inner
+            .health
+            .send_if_modified(|m| m.remove(&ep).is_some());
         self.retrying("remove", || self.retire_endpoint(ep)).await
     }
 
@@ -403,11 +487,35 @@ impl CassandraMembershipStorage {
         let snapshot = self
             .retrying("members", || self.inner.table.read_all())
             .await?;
+        self.check_own_rows(&snapshot).await;
         Ok(mapping::members(
             &snapshot,
             Timestamp::now(),
             self.gone_after(),
         ))
+    }
+
+    /// rio lists the members every round of its provider: that read also tells this process
+    /// whether the members it pushed were declared Dead (a peer's `remove`, a restart at the
+    /// same address) or lost their entry, which a Cassandra heartbeat between two lease
+    /// renewals does not see. A row missing from the snapshot is confirmed by reading it.
+    async fn check_own_rows(&self, snapshot: &MembershipSnapshot) {
+        let own: Vec<SiloAddress> = self.own().values().map(|o| o.address).collect();
+        for address in own {
+            let health = match snapshot.get(&address) {
+                Some(row) if row.entry.status == SiloStatus::Dead => SiloHealth::DeclaredDead,
+                Some(_) => continue,
+                None => match self.inner.table.read_row(&address).await {
+                    Ok(read) if read.rows.is_empty() => SiloHealth::EntryMissing,
+                    Ok(read) if read.rows[0].entry.status == SiloStatus::Dead => {
+                        SiloHealth::DeclaredDead
+                    }
+                    // Live, or unknown: the heartbeat decides.
+                    _ => continue,
+                },
+            };
+            finish(&self.inner, address, health);
+        }
     }
 }
 
@@ -420,36 +528,132 @@ fn jitter_percent() -> u32 {
         % 100
 }
 
-/// Publishes `address`'s I-am-alive every `period` while a clone of the storage lives, until
-/// the entry is missing or Dead.
-async fn keep_lease(inner: Weak<Inner>, address: SiloAddress, period: Duration) {
-    let mut wait = period;
-    loop {
-        tokio::time::sleep(wait).await;
-        let Some(inner) = inner.upgrade() else { return };
-        match inner
-            .table
-            .update_i_am_alive(&address, Timestamp::now())
-            .await
-        {
-            Ok(HeartbeatOutcome::Refreshed { .. }) => wait = period,
-            Ok(outcome) => {
-                warn!(%address, ?outcome, "entry missing or declared Dead: no longer renewing its lease");
-                let mut own = inner.own.lock().unwrap_or_else(|p| p.into_inner());
-                if own
-                    .get(&address.endpoint())
-                    .is_some_and(|o| o.address == address)
-                {
-                    own.remove(&address.endpoint());
-                }
-                return;
+/// Ends the lease of `address` with a final `health`: the keeper stops, and the health stays
+/// (fencing the server) until the endpoint is pushed again or removed.
+fn finish(inner: &Inner, address: SiloAddress, health: SiloHealth) {
+    let ep = address.endpoint();
+    let mut own = inner.own.lock().unwrap_or_else(|p| p.into_inner());
+    if own.get(&ep).is_none_or(|o| o.address != address) {
+        return; // another incarnation of this endpoint has been pushed since
+    }
+    if let Some(o) = own.remove(&ep) {
+        o.keeper.abort();
+    }
+    warn!(%address, ?health, "membership entry is final: no longer renewing its lease");
+    inner.health.send_modify(|m| {
+        m.insert(ep, health);
+    });
+}
+
+/// Sets a non-final health of `address`, unless it is no longer this value's member there.
+fn report(inner: &Inner, address: SiloAddress, health: SiloHealth) {
+    let ep = address.endpoint();
+    let own = inner.own.lock().unwrap_or_else(|p| p.into_inner());
+    if own.get(&ep).is_none_or(|o| o.address != address) {
+        return;
+    }
+    inner.health.send_if_modified(|m| {
+        let changed = m.get(&ep) != Some(&health);
+        if changed {
+            if matches!(health, SiloHealth::LeaseAtRisk { .. }) {
+                warn!(%address, ?health, "lease at risk: serving no object until healthy");
             }
-            // A missed heartbeat is retried sooner; the lease has room for several.
-            Err(e) => {
-                warn!(%address, error = %e, "heartbeat failed");
-                wait = period / 4;
-            }
+            m.insert(ep, health);
         }
+        changed
+    });
+}
+
+/// Publishes `address`'s I-am-alive every heartbeat period while a clone of the storage lives,
+/// and reports the member's health ([`FenceHorizon`]): Healthy after each heartbeat, Failing
+/// while they fail, LeaseAtRisk past the horizon (confirmed live by reading the own row before
+/// it is Healthy again), final when the entry is Dead or missing.
+async fn keep_lease(inner: Weak<Inner>, address: SiloAddress, published: tokio::time::Instant) {
+    let (period, gone_after) = match inner.upgrade() {
+        Some(i) => (i.options.heartbeat_period, i.options.gone_after()),
+        None => return,
+    };
+    let mut fence = FenceHorizon::new(published, period, gone_after);
+    // Heartbeats start one period apart (from the previous start), each bounded by half a
+    // period: a healthy one always lands before the fence horizon.
+    let mut next = published + period;
+    let mut failures = 0u32;
+    let mut lease = None;
+    let mut at_risk = false;
+    loop {
+        let wake = if at_risk {
+            next
+        } else {
+            next.min(fence.horizon())
+        };
+        tokio::time::sleep_until(wake).await;
+        let Some(inner) = inner.upgrade() else { return };
+        let now = tokio::time::Instant::now();
+        if now < next {
+            // Woken by the horizon, not by a heartbeat.
+            if fence.at_risk(now) {
+                at_risk = true;
+                report(&inner, address, SiloHealth::LeaseAtRisk { lease, failures });
+            }
+            continue;
+        }
+        let started = now;
+        let wall = Timestamp::now();
+        let beat =
+            tokio::time::timeout(period / 2, inner.table.update_i_am_alive(&address, wall)).await;
+        let error = match beat {
+            Ok(Ok(HeartbeatOutcome::Refreshed { lease: l })) => {
+                if at_risk {
+                    // The others may have declared it dead meanwhile, which a Cassandra
+                    // heartbeat between lease renewals does not see.
+                    match inner.table.read_row(&address).await {
+                        Ok(r) if r.rows.is_empty() => {
+                            return finish(&inner, address, SiloHealth::EntryMissing);
+                        }
+                        Ok(r) if r.rows[0].entry.status == SiloStatus::Dead => {
+                            return finish(&inner, address, SiloHealth::DeclaredDead);
+                        }
+                        Ok(_) => at_risk = false,
+                        Err(e) => {
+                            next = tokio::time::Instant::now() + period / 4;
+                            debug!(%address, error = %e, "own row unreadable after a fence");
+                            continue;
+                        }
+                    }
+                }
+                let refresh_by = l.refresh_by.map(|r| started + r.duration_since(wall));
+                fence.published(started, refresh_by);
+                failures = 0;
+                lease = Some(l);
+                report(&inner, address, SiloHealth::Healthy { lease: l });
+                next = started + period;
+                continue;
+            }
+            Ok(Ok(HeartbeatOutcome::DeclaredDead { .. })) => {
+                return finish(&inner, address, SiloHealth::DeclaredDead);
+            }
+            Ok(Ok(HeartbeatOutcome::NotFound)) => {
+                return finish(&inner, address, SiloHealth::EntryMissing);
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {:?}", period / 2),
+        };
+        failures = failures.saturating_add(1);
+        warn!(%address, error, failures, "heartbeat failed");
+        let now = tokio::time::Instant::now();
+        let health = if fence.at_risk(now) {
+            at_risk = true;
+            SiloHealth::LeaseAtRisk { lease, failures }
+        } else {
+            SiloHealth::Failing {
+                failures,
+                lease,
+                last_error: error,
+            }
+        };
+        report(&inner, address, health);
+        // A missed heartbeat is retried sooner; the lease has room for several.
+        next = now + period / 4;
     }
 }
 

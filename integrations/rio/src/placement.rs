@@ -1,0 +1,752 @@
+//! [`CassandraObjectPlacement`]: rio's `ObjectPlacement` on Cassandra, one conditional write per
+//! placement so that two servers racing for one object never both win.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use cassandra_membership::{EXPIRY_HORIZON_UNIX_SECONDS, MAX_TTL_SECONDS, Timestamp};
+use rio_rs::ObjectId;
+use rio_rs::cluster::storage::MembershipStorage;
+use rio_rs::errors::ObjectPlacementError;
+use rio_rs::object_placement::{ObjectPlacement, ObjectPlacementItem};
+use scylla::SerializeRow;
+use scylla::statement::prepared::PreparedStatement;
+use scylla::value::{CqlTimestamp, CqlValue};
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use crate::CassandraMembershipStorage;
+use crate::cql::{self, Cql};
+use crate::error::{RioStoreError, RioStoreResult};
+use crate::mapping::endpoint;
+
+/// Where the placement store keeps its rows (in the membership table's keyspace).
+///
+/// ```
+/// use cassandra_membership_rio::PlacementOptions;
+/// let o: PlacementOptions = toml::from_str("table = \"placements\"").unwrap();
+/// assert_eq!(o.table, "placements");
+/// assert_eq!(o.server_table, "rio_placements_by_server");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct PlacementOptions {
+    /// Object → server, one partition per object. Default `rio_placements`.
+    pub table: String,
+    /// Server → its objects, one partition per server (for `clean_server` and renewals).
+    /// Default `rio_placements_by_server`.
+    pub server_table: String,
+}
+
+impl Default for PlacementOptions {
+    fn default() -> Self {
+        PlacementOptions {
+            table: "rio_placements".to_owned(),
+            server_table: "rio_placements_by_server".to_owned(),
+        }
+    }
+}
+
+impl PlacementOptions {
+    /// Checks both table names; the error names the one at fault.
+    pub fn validate(&self) -> RioStoreResult<()> {
+        cql::validate_table("table", &self.table)?;
+        cql::validate_table("server_table", &self.server_table)?;
+        if self.table == self.server_table {
+            return Err(RioStoreError::config(
+                "server_table",
+                "must differ from `table`",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// rio's [`ObjectPlacement`] on Cassandra, beside the membership table of a
+/// [`CassandraMembershipStorage`] (same session, keyspace and cluster).
+///
+/// - **At most one server per object.** `update` is a conditional insert (`IF NOT EXISTS`, a
+///   Paxos round on the object's own partition): of two servers racing to place one object,
+///   exactly one wins; the other gets an error and activates nothing. An existing placement on
+///   a server that is no longer active is taken over conditionally on that owner (`IF server =
+///   …`), so a concurrent takeover by a third server also has one winner.
+/// - **Fenced servers serve nothing.** `lookup` and `update` refuse while this process's member
+///   may not serve ([`CassandraMembershipStorage::fenced`]): rio looks the object up before
+///   every request, so a fenced server handles no request.
+/// - **Expiry with the membership table.** With storage-side expiry on, every row carries the
+///   membership table's write TTL plus two renewal intervals, and this value renews the rows it
+///   placed every renewal interval while its member is not final: a placement never expires
+///   before its server's entry could, and is gone at most TTL + 3 × renewal interval + 1 s
+///   after its server stopped.
+///
+/// Clones share one set of placements and one renewal task (stopped when the last is dropped).
+#[derive(Clone)]
+pub struct CassandraObjectPlacement {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cql: Cql,
+    service_id: String,
+    cluster_id: String,
+    tables: PlacementOptions,
+    statements: Statements,
+    storage: CassandraMembershipStorage,
+    /// The TTL of every row, seconds; 0 without expiry.
+    ttl: i32,
+    /// The objects this value placed, with the server it placed them on and when.
+    placed: Mutex<HashMap<(String, String), (String, Timestamp)>>,
+    renewer: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Ok(r) = self.renewer.get_mut()
+            && let Some(task) = r.take()
+        {
+            task.abort();
+        }
+    }
+}
+
+struct Statements {
+    place: PreparedStatement,
+    move_placement: PreparedStatement,
+    lookup: PreparedStatement,
+    lookup_serial: PreparedStatement,
+    delete: PreparedStatement,
+    index: PreparedStatement,
+    unindex: PreparedStatement,
+    read_server: PreparedStatement,
+}
+
+impl fmt::Debug for CassandraObjectPlacement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CassandraObjectPlacement")
+            .field("cluster_id", &self.inner.cluster_id)
+            .field("tables", &self.inner.tables)
+            .field("ttl", &self.inner.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(SerializeRow)]
+struct ObjectKey<'a> {
+    service_id: &'a str,
+    cluster_id: &'a str,
+    object_kind: &'a str,
+    object_id: &'a str,
+}
+
+#[derive(SerializeRow)]
+struct PlaceValues<'a> {
+    service_id: &'a str,
+    cluster_id: &'a str,
+    object_kind: &'a str,
+    object_id: &'a str,
+    server: &'a str,
+    placed_at: CqlTimestamp,
+    ttl: i32,
+}
+
+#[derive(SerializeRow)]
+struct MoveValues<'a> {
+    service_id: &'a str,
+    cluster_id: &'a str,
+    object_kind: &'a str,
+    object_id: &'a str,
+    server: &'a str,
+    placed_at: CqlTimestamp,
+    previous: &'a str,
+    ttl: i32,
+}
+
+#[derive(SerializeRow)]
+struct DeleteValues<'a> {
+    service_id: &'a str,
+    cluster_id: &'a str,
+    object_kind: &'a str,
+    object_id: &'a str,
+    server: &'a str,
+}
+
+#[derive(SerializeRow)]
+struct IndexValues<'a> {
+    service_id: &'a str,
+    cluster_id: &'a str,
+    server: &'a str,
+    object_kind: &'a str,
+    object_id: &'a str,
+    ttl: i32,
+}
+
+#[derive(SerializeRow)]
+struct UnindexValues<'a> {
+    service_id: &'a str,
+    cluster_id: &'a str,
+    server: &'a str,
+    object_kind: &'a str,
+    object_id: &'a str,
+}
+
+#[derive(SerializeRow)]
+struct ServerKey<'a> {
+    service_id: &'a str,
+    cluster_id: &'a str,
+    server: &'a str,
+}
+
+/// The TTL of placement rows: the membership table's write TTL plus two renewal intervals (one
+/// for the renewal that may run up to one interval after the entry's, one of margin for a late
+/// renewal), within Cassandra's limits; 0 without expiry.
+pub(crate) fn placement_ttl_seconds(
+    options: &cassandra_membership::CassandraClusteringOptions,
+    now_unix_seconds: i64,
+) -> i32 {
+    if options.ttl_seconds().is_none() {
+        return 0;
+    }
+    let wanted = options
+        .write_ttl_seconds()
+        .saturating_add(options.renewal_seconds().saturating_mul(2));
+    // A cell may not expire after the 2038 horizon of Cassandra's default storage mode.
+    let horizon = u64::try_from(EXPIRY_HORIZON_UNIX_SECONDS.saturating_sub(now_unix_seconds))
+        .unwrap_or(0)
+        .max(1);
+    i32::try_from(wanted.min(MAX_TTL_SECONDS).min(horizon)).unwrap_or(i32::MAX)
+}
+
+fn object_name(kind: &str, id: &str) -> String {
+    format!("{kind}/{id}")
+}
+
+impl CassandraObjectPlacement {
+    /// The placement store of `storage`'s cluster: creates its two tables if missing (in the
+    /// membership keyspace), prepares its statements and, with storage-side expiry on, starts
+    /// renewing the placements it makes. Fails with `InvalidConfiguration` when `storage` is not
+    /// on a [`CassandraMembershipTable`](cassandra_membership::CassandraMembershipTable).
+    #[tracing::instrument(skip(storage), err)]
+    pub async fn connect(
+        storage: &CassandraMembershipStorage,
+        options: PlacementOptions,
+    ) -> RioStoreResult<Self> {
+        options.validate()?;
+        let Some((session, membership)) = storage.cassandra() else {
+            return Err(RioStoreError::config(
+                "storage",
+                "the placement store needs a membership storage on Cassandra (`connect` or `with_cassandra_table`)",
+            ));
+        };
+        let cql = Cql::new(Arc::clone(session), membership);
+        cql.ddl(cql::CREATE_PLACEMENTS, &options.table).await?;
+        cql.ddl(cql::CREATE_PLACEMENTS_BY_SERVER, &options.server_table)
+            .await?;
+        let (t, s) = (options.table.as_str(), options.server_table.as_str());
+        let statements = Statements {
+            place: cql.prepare(cql::PLACE, t, false).await?,
+            move_placement: cql.prepare(cql::MOVE_PLACEMENT, t, false).await?,
+            lookup: cql.prepare(cql::LOOKUP_PLACEMENT, t, false).await?,
+            lookup_serial: cql.prepare(cql::LOOKUP_PLACEMENT, t, true).await?,
+            delete: cql.prepare(cql::DELETE_PLACEMENT, t, false).await?,
+            index: cql.prepare(cql::INDEX_PLACEMENT, s, false).await?,
+            unindex: cql.prepare(cql::UNINDEX_PLACEMENT, s, false).await?,
+            read_server: cql.prepare(cql::READ_SERVER_PLACEMENTS, s, false).await?,
+        };
+        let ttl = placement_ttl_seconds(membership, Timestamp::now().as_millis() / 1000);
+        let renewal = (ttl > 0).then(|| Duration::from_secs(membership.renewal_seconds()));
+        let placement = CassandraObjectPlacement {
+            inner: Arc::new(Inner {
+                cql,
+                service_id: membership.service_id.clone(),
+                cluster_id: membership.cluster_id.clone(),
+                tables: options,
+                statements,
+                storage: storage.clone(),
+                ttl,
+                placed: Mutex::default(),
+                renewer: Mutex::default(),
+            }),
+        };
+        if let Some(every) = renewal {
+            let task = tokio::spawn(renew(Arc::downgrade(&placement.inner), every));
+            *placement.renewer() = Some(task);
+        }
+        Ok(placement)
+    }
+
+    fn renewer(&self) -> std::sync::MutexGuard<'_, Option<JoinHandle<()>>> {
+        self.inner.renewer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn placed(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), (String, Timestamp)>> {
+        // Single inserts and removes: a panic while holding it leaves the map consistent.
+        self.inner.placed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The TTL each placement row is written with (`None` without storage-side expiry).
+    pub fn ttl(&self) -> Option<Duration> {
+        (self.inner.ttl > 0).then(|| Duration::from_secs(self.inner.ttl.unsigned_abs().into()))
+    }
+
+    /// The placement store's tables.
+    pub fn options(&self) -> &PlacementOptions {
+        &self.inner.tables
+    }
+
+    fn object_key<'a>(&'a self, kind: &'a str, id: &'a str) -> ObjectKey<'a> {
+        ObjectKey {
+            service_id: &self.inner.service_id,
+            cluster_id: &self.inner.cluster_id,
+            object_kind: kind,
+            object_id: id,
+        }
+    }
+
+    fn check_fence(&self) -> RioStoreResult<()> {
+        match self.inner.storage.fenced() {
+            None => Ok(()),
+            Some((server, health)) => Err(RioStoreError::Fenced {
+                server: server.to_string(),
+                health: format!("{health:?}"),
+            }),
+        }
+    }
+
+    /// The server `kind/id` is placed on, if any. Refused while this process is fenced.
+    #[tracing::instrument(skip(self), fields(cluster = %self.inner.cluster_id), err)]
+    pub async fn lookup_server(&self, kind: &str, id: &str) -> RioStoreResult<Option<String>> {
+        self.check_fence()?;
+        self.read_server(kind, id, false).await
+    }
+
+    async fn read_server(
+        &self,
+        kind: &str,
+        id: &str,
+        serial: bool,
+    ) -> RioStoreResult<Option<String>> {
+        let s = &self.inner.statements;
+        let statement = if serial { &s.lookup_serial } else { &s.lookup };
+        let rows = self
+            .inner
+            .cql
+            .read("lookup placement", statement, self.object_key(kind, id))
+            .await?;
+        let row = rows
+            .maybe_first_row::<(Option<String>, Option<CqlTimestamp>)>()
+            .map_err(|e| RioStoreError::CorruptData {
+                table: self.inner.tables.table.clone(),
+                detail: e.to_string(),
+            })?;
+        Ok(row.and_then(|(server, _)| server))
+    }
+
+    /// Places `kind/id` on `server`, unless another active server holds it: exactly one of
+    /// several servers placing one object at once succeeds; the others get
+    /// [`RioStoreError::PlacedElsewhere`] (or `Fenced` when this process is fenced).
+    /// Placing it again on the server that holds it succeeds and writes nothing.
+    #[tracing::instrument(skip(self), fields(cluster = %self.inner.cluster_id), err)]
+    pub async fn place(&self, kind: &str, id: &str, server: &str) -> RioStoreResult<()> {
+        self.check_fence()?;
+        let now = Timestamp::now();
+        // The index row first: a placement is never without it, so `clean_server` finds it.
+        self.index(kind, id, server).await?;
+        let values = PlaceValues {
+            service_id: &self.inner.service_id,
+            cluster_id: &self.inner.cluster_id,
+            object_kind: kind,
+            object_id: id,
+            server,
+            placed_at: CqlTimestamp(now.as_millis()),
+            ttl: self.inner.ttl,
+        };
+        // A few rounds at most: each lost round means another server changed the row.
+        for _ in 0..4 {
+            let owner = match self
+                .inner
+                .cql
+                .conditional("place", &self.inner.statements.place, &values)
+                .await
+            {
+                Ok(reply) if reply.applied => return self.placed_on(kind, id, server, now),
+                Ok(reply) => match reply.current("server") {
+                    Some(CqlValue::Text(owner)) => owner.clone(),
+                    // A row without a server (a half-expired one): take it over as empty.
+                    _ => String::new(),
+                },
+                Err(e @ RioStoreError::OutcomeUnknown { .. }) => {
+                    // Settled by a linearizable read: the row names us exactly when it applied.
+                    match self.read_server(kind, id, true).await {
+                        Ok(Some(s)) if s == server => return self.placed_on(kind, id, server, now),
+                        Ok(Some(s)) => s,
+                        Ok(None) => continue,
+                        Err(_) => return Err(e),
+                    }
+                }
+                Err(e) => return Err(e),
+            };
+            if owner == server {
+                return self.placed_on(kind, id, server, now);
+            }
+            if !owner.is_empty() && self.owner_is_active(&owner).await? {
+                self.unindex(kind, id, server).await.ok();
+                return Err(RioStoreError::PlacedElsewhere {
+                    object: object_name(kind, id),
+                    owner,
+                });
+            }
+            // The owner is not active (rio calls `clean_server` first; a placement it missed
+            // is taken over here), conditionally on it still being the owner.
+            let moved = MoveValues {
+                service_id: &self.inner.service_id,
+                cluster_id: &self.inner.cluster_id,
+                object_kind: kind,
+                object_id: id,
+                server,
+                placed_at: CqlTimestamp(now.as_millis()),
+                previous: &owner,
+                ttl: self.inner.ttl,
+            };
+            match self
+                .inner
+                .cql
+                .conditional(
+                    "take over placement",
+                    &self.inner.statements.move_placement,
+                    &moved,
+                )
+                .await
+            {
+                Ok(reply) if reply.applied => {
+                    info!(object = %object_name(kind, id), previous = %owner, "placement taken over from an inactive server");
+                    return self.placed_on(kind, id, server, now);
+                }
+                Ok(_) => debug!("another server changed the placement first: reading again"),
+                Err(RioStoreError::OutcomeUnknown { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.unindex(kind, id, server).await.ok();
+        match self.read_server(kind, id, true).await? {
+            Some(s) if s == server => self.placed_on(kind, id, server, now),
+            owner => Err(RioStoreError::PlacedElsewhere {
+                object: object_name(kind, id),
+                owner: owner.unwrap_or_default(),
+            }),
+        }
+    }
+
+    fn placed_on(&self, kind: &str, id: &str, server: &str, at: Timestamp) -> RioStoreResult<()> {
+        self.placed()
+            .insert((kind.to_owned(), id.to_owned()), (server.to_owned(), at));
+        Ok(())
+    }
+
+    async fn owner_is_active(&self, owner: &str) -> RioStoreResult<bool> {
+        let Some((ip, port)) = owner.rsplit_once(':') else {
+            return Ok(false);
+        };
+        if endpoint(ip, port).is_err() {
+            return Ok(false);
+        }
+        self.inner
+            .storage
+            .is_active(ip, port)
+            .await
+            .map_err(|e| RioStoreError::Cassandra {
+                operation: "owner liveness",
+                source: e.to_string().into(),
+            })
+    }
+
+    async fn index(&self, kind: &str, id: &str, server: &str) -> RioStoreResult<()> {
+        let values = IndexValues {
+            service_id: &self.inner.service_id,
+            cluster_id: &self.inner.cluster_id,
+            server,
+            object_kind: kind,
+            object_id: id,
+            ttl: self.inner.ttl,
+        };
+        self.inner
+            .cql
+            .plain("index placement", &self.inner.statements.index, values)
+            .await
+    }
+
+    async fn unindex(&self, kind: &str, id: &str, server: &str) -> RioStoreResult<()> {
+        let values = UnindexValues {
+            service_id: &self.inner.service_id,
+            cluster_id: &self.inner.cluster_id,
+            server,
+            object_kind: kind,
+            object_id: id,
+        };
+        self.inner
+            .cql
+            .plain("unindex placement", &self.inner.statements.unindex, values)
+            .await
+    }
+
+    /// Deletes the placement of `kind/id` if `server` holds it (conditional), and its index
+    /// row. True when it deleted it.
+    async fn unplace(&self, kind: &str, id: &str, server: &str) -> RioStoreResult<bool> {
+        let values = DeleteValues {
+            service_id: &self.inner.service_id,
+            cluster_id: &self.inner.cluster_id,
+            object_kind: kind,
+            object_id: id,
+            server,
+        };
+        let deleted = match self
+            .inner
+            .cql
+            .conditional("delete placement", &self.inner.statements.delete, values)
+            .await
+        {
+            Ok(reply) => reply.applied,
+            Err(e @ RioStoreError::OutcomeUnknown { .. }) => {
+                match self.read_server(kind, id, true).await {
+                    Ok(s) => s.as_deref() != Some(server),
+                    Err(_) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        self.unindex(kind, id, server).await?;
+        let key = (kind.to_owned(), id.to_owned());
+        let mut placed = self.placed();
+        if placed.get(&key).is_some_and(|(s, _)| s == server) {
+            placed.remove(&key);
+        }
+        Ok(deleted)
+    }
+
+    /// Removes every placement held by `server` (rio calls this for a server it found
+    /// inactive): each conditionally on `server` still holding it, so an object already
+    /// re-placed elsewhere stays. Returns how many it removed.
+    #[tracing::instrument(skip(self), fields(cluster = %self.inner.cluster_id), err)]
+    pub async fn clean(&self, server: &str) -> RioStoreResult<usize> {
+        let objects = self
+            .inner
+            .cql
+            .read_all_pages(
+                "read server placements",
+                &self.inner.statements.read_server,
+                ServerKey {
+                    service_id: &self.inner.service_id,
+                    cluster_id: &self.inner.cluster_id,
+                    server,
+                },
+                |rows| {
+                    let corrupt = |detail: String| RioStoreError::CorruptData {
+                        table: self.inner.tables.server_table.clone(),
+                        detail,
+                    };
+                    rows.rows::<(String, String)>()
+                        .map_err(|e| corrupt(e.to_string()))?
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(|e| corrupt(e.to_string()))
+                },
+            )
+            .await?;
+        let mut removed = 0;
+        for (kind, id) in objects {
+            if self.unplace(&kind, &id, server).await? {
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            info!(server, removed, "placements of a server removed");
+        }
+        Ok(removed)
+    }
+
+    /// Removes the placement of `kind/id`, whoever holds it (conditionally on the holder read,
+    /// so a placement made meanwhile stays). True when one was removed.
+    #[tracing::instrument(skip(self), fields(cluster = %self.inner.cluster_id), err)]
+    pub async fn unassign(&self, kind: &str, id: &str) -> RioStoreResult<bool> {
+        let known = self
+            .placed()
+            .get(&(kind.to_owned(), id.to_owned()))
+            .map(|(s, _)| s.clone());
+        let holder = match known {
+            Some(s) => Some(s),
+            None => self.read_server(kind, id, false).await?,
+        };
+        match holder {
+            Some(server) => self.unplace(kind, id, &server).await,
+            None => Ok(false),
+        }
+    }
+
+    /// Rewrites every placement this value made with a fresh TTL, conditionally on its server
+    /// still holding it; a placement lost meanwhile is forgotten. Returns how many it renewed.
+    pub(crate) async fn renew_all(&self) -> RioStoreResult<usize> {
+        let placed: Vec<((String, String), (String, Timestamp))> = self
+            .placed()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut renewed = 0;
+        for ((kind, id), (server, at)) in placed {
+            let values = MoveValues {
+                service_id: &self.inner.service_id,
+                cluster_id: &self.inner.cluster_id,
+                object_kind: &kind,
+                object_id: &id,
+                server: &server,
+                placed_at: CqlTimestamp(at.as_millis()),
+                previous: &server,
+                ttl: self.inner.ttl,
+            };
+            let applied = self
+                .inner
+                .cql
+                .conditional(
+                    "renew placement",
+                    &self.inner.statements.move_placement,
+                    values,
+                )
+                .await?
+                .applied;
+            if applied {
+                self.index(&kind, &id, &server).await?;
+                renewed += 1;
+            } else {
+                debug!(object = %object_name(&kind, &id), "placement lost meanwhile: no longer renewed");
+                {
+                    let key = (kind.clone(), id.clone());
+                    let mut p = self.placed();
+                    if p.get(&key).is_some_and(|(s, _)| *s == server) {
+                        p.remove(&key);
+                    }
+                }
+                self.unindex(&kind, &id, &server).await.ok();
+            }
+        }
+        Ok(renewed)
+    }
+
+    /// How many placements this value made and still renews.
+    pub fn placed_count(&self) -> usize {
+        self.placed().len()
+    }
+}
+
+/// Renews the placements every `every` while this process's member is not final; once it is
+/// (Dead, missing) the placements lapse with it.
+async fn renew(inner: Weak<Inner>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(inner) = inner.upgrade() else { return };
+        let placement = CassandraObjectPlacement { inner };
+        if let Some((server, health)) = placement.inner.storage.fenced()
+            && health.is_final()
+        {
+            warn!(%server, ?health, "member is final: its placements are no longer renewed");
+            return;
+        }
+        match placement.renew_all().await {
+            Ok(n) => debug!(renewed = n, "placements renewed"),
+            // Retried at the next interval: the rows carry one interval of margin.
+            Err(e) => warn!(error = %e.chain(), "placement renewal failed"),
+        }
+    }
+}
+
+fn rio_error(e: RioStoreError) -> ObjectPlacementError {
+    // rio shows this error as "upstream error" only: the log keeps the cause.
+    warn!(error = %e.chain(), "placement refused or failed");
+    ObjectPlacementError::Upstream(e.chain())
+}
+
+#[async_trait]
+impl ObjectPlacement for CassandraObjectPlacement {
+    async fn update(&self, item: ObjectPlacementItem) -> Result<(), ObjectPlacementError> {
+        let ObjectId(kind, id) = &item.object_id;
+        match &item.server_address {
+            Some(server) => self.place(kind, id, server).await.map_err(rio_error),
+            None => self.unassign(kind, id).await.map(drop).map_err(rio_error),
+        }
+    }
+
+    async fn lookup(&self, object_id: &ObjectId) -> Result<Option<String>, ObjectPlacementError> {
+        self.lookup_server(&object_id.0, &object_id.1)
+            .await
+            .map_err(rio_error)
+    }
+
+    async fn clean_server(&self, address: String) -> Result<(), ObjectPlacementError> {
+        self.clean(&address).await.map(drop).map_err(rio_error)
+    }
+
+    async fn remove(&self, object_id: &ObjectId) -> Result<(), ObjectPlacementError> {
+        self.unassign(&object_id.0, &object_id.1)
+            .await
+            .map(drop)
+            .map_err(rio_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cassandra_membership::{CassandraClusteringOptions, MembershipOptions};
+
+    fn options(ttl: Duration) -> CassandraClusteringOptions {
+        let mut m = MembershipOptions::default();
+        m.defunct_silo_expiration = ttl;
+        m.i_am_alive_table_publish_timeout = Duration::from_secs(1);
+        CassandraClusteringOptions::default()
+            .ttl(true)
+            .membership(m)
+    }
+
+    #[test]
+    fn placements_outlive_the_entry_by_two_renewal_intervals() {
+        // TTL 5 s: renewal 1 s, entries written with 7 s, placements with 9 s.
+        let o = options(Duration::from_secs(5));
+        assert_eq!(o.write_ttl_seconds(), 7);
+        assert_eq!(placement_ttl_seconds(&o, 1_700_000_000), 9);
+        // Defaults (7 d): 7 d + 3 × 16.8 h + 1 s.
+        let o = options(Duration::from_secs(7 * 86_400));
+        assert_eq!(
+            placement_ttl_seconds(&o, 1_700_000_000),
+            7 * 86_400 + 3 * 60_480 + 1
+        );
+    }
+
+    #[test]
+    fn no_expiry_means_ttl_zero_and_limits_are_kept() {
+        let mut o = options(Duration::from_secs(5));
+        o.ttl = false;
+        assert_eq!(placement_ttl_seconds(&o, 1_700_000_000), 0);
+        let o = options(Duration::from_secs(7 * 86_400));
+        assert_eq!(
+            placement_ttl_seconds(&o, EXPIRY_HORIZON_UNIX_SECONDS - 100),
+            100,
+            "never past the 2038 horizon"
+        );
+    }
+
+    #[test]
+    fn table_names_are_checked() {
+        let mut o = PlacementOptions::default();
+        o.validate().unwrap();
+        o.table = "bad-name".into();
+        assert!(
+            matches!(o.validate(), Err(RioStoreError::InvalidConfiguration { option, .. }) if option == "table")
+        );
+        let o = PlacementOptions {
+            server_table: "rio_placements".into(),
+            ..Default::default()
+        };
+        assert!(o.validate().is_err());
+    }
+}
