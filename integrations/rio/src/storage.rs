@@ -104,6 +104,29 @@ impl CassandraMembershipStorage {
         Self::build(Arc::new(table), options, cassandra).await
     }
 
+    /// The storage on a wrapper of `cassandra` (a fault-injecting table in tests, a host's
+    /// instrumented table): rio's members go through `table`, and the placement and state
+    /// stores use `cassandra`'s session and options. Both must be the same table
+    /// ([`MembershipTable::identity`]), or this is `InvalidConfiguration`.
+    pub async fn with_wrapped_table(
+        table: Arc<dyn MembershipTable>,
+        cassandra: &CassandraMembershipTable,
+        options: RioStorageOptions,
+    ) -> Result<Self> {
+        if table.identity() != cassandra.identity() {
+            return Err(MembershipError::InvalidConfiguration {
+                option: "table".to_owned(),
+                reason: format!(
+                    "wraps {}, not the Cassandra table {}",
+                    table.identity(),
+                    cassandra.identity()
+                ),
+            });
+        }
+        let stores = Some((Arc::clone(cassandra.session()), cassandra.options().clone()));
+        Self::build(table, options, stores).await
+    }
+
     /// The storage on a table the host already has (any backend, e.g. the in-memory table in a
     /// host's own tests). Validates `options` and initializes the table (idempotent).
     pub async fn with_table(

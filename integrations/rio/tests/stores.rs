@@ -1,0 +1,590 @@
+//! The placement store, the state store and the server's fence on the real node
+//! (`CASSANDRA_CONTACT_POINTS`, default 127.0.0.1:9042; these tests never skip). Keyspace
+//! `cm_rio_test` (`CM_RIO_TEST_KEYSPACE` at build time), a unique cluster per test.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use cassandra_membership::conformance::faults::{Calls, FaultyTable, Injection, Operation};
+use cassandra_membership::{
+    CassandraClusteringOptions, CassandraMembershipTable, MembershipOptions, MembershipTable,
+    SiloHealth, SiloStatus,
+};
+use cassandra_membership_rio::{
+    CassandraMembershipStorage, CassandraObjectPlacement, CassandraState, FencedClusterProvider,
+    PlacementOptions, RioStorageOptions, RioStoreError, StateOptions,
+};
+use rio_rs::ObjectId;
+use rio_rs::cluster::storage::Member;
+use rio_rs::errors::LoadStateError;
+use rio_rs::object_placement::{ObjectPlacement, ObjectPlacementItem};
+use rio_rs::prelude::*;
+use rio_rs::state::{StateLoader, StateSaver};
+use serde::{Deserialize, Serialize};
+
+const KEYSPACE: &str = match option_env!("CM_RIO_TEST_KEYSPACE") {
+    Some(k) => k,
+    None => "cm_rio_test",
+};
+const SERVICE: &str = "rio-test";
+const HEARTBEAT: Duration = Duration::from_secs(1);
+const TTL: Duration = Duration::from_secs(5);
+
+fn contact_points() -> Vec<String> {
+    std::env::var("CASSANDRA_CONTACT_POINTS")
+        .unwrap_or_else(|_| "127.0.0.1:9042".into())
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Heartbeats every second (gone after 3 s); `ttl`: storage-side expiry with a 5 s TTL.
+fn options(cluster: &str, ttl: bool) -> CassandraClusteringOptions {
+    options_with(cluster, ttl, HEARTBEAT)
+}
+
+fn options_with(cluster: &str, ttl: bool, heartbeat: Duration) -> CassandraClusteringOptions {
+    let mut m = MembershipOptions::default();
+    m.i_am_alive_table_publish_timeout = heartbeat;
+    m.defunct_silo_expiration = TTL;
+    CassandraClusteringOptions::default()
+        .keyspace(KEYSPACE)
+        .service_id(SERVICE)
+        .cluster_id(cluster)
+        .contact_points(contact_points())
+        .table(if ttl {
+            "rio_members_ttl5"
+        } else {
+            "rio_members"
+        })
+        .create_keyspace_simple(1)
+        .request_timeout(Duration::from_secs(30))
+        .ttl(ttl)
+        .membership(m)
+}
+
+async fn table(o: CassandraClusteringOptions) -> CassandraMembershipTable {
+    let points = o.contact_points.clone();
+    CassandraMembershipTable::connect(o).await.unwrap_or_else(|e| {
+        panic!(
+            "cannot use Cassandra at {points:?}: {e}. Start a node with `scripts/cassandra.sh start` \
+             or run `scripts/test.sh`; set CASSANDRA_CONTACT_POINTS for another node."
+        )
+    })
+}
+
+async fn storage(o: CassandraClusteringOptions) -> CassandraMembershipStorage {
+    let rio = RioStorageOptions::from_membership(&o.membership);
+    CassandraMembershipStorage::with_cassandra_table(table(o).await, rio)
+        .await
+        .unwrap()
+}
+
+/// A server's storage and placement store, its member pushed at `127.0.0.1:port`.
+async fn server(
+    o: CassandraClusteringOptions,
+    port: u16,
+) -> (CassandraMembershipStorage, CassandraObjectPlacement, String) {
+    let s = storage(o).await;
+    let mut m = Member::new("127.0.0.1".into(), port.to_string());
+    m.set_active(true);
+    s.push(m).await.unwrap();
+    let p = CassandraObjectPlacement::connect(&s, PlacementOptions::default())
+        .await
+        .unwrap();
+    (s, p, format!("127.0.0.1:{port}"))
+}
+
+fn item(kind: &str, id: &str, server: &str) -> ObjectPlacementItem {
+    ObjectPlacementItem::new(ObjectId::new(kind, id), Some(server.to_owned()))
+}
+
+async fn until(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !done().await {
+        assert!(t0.elapsed() < within, "{what} within {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    t0.elapsed()
+}
+
+mod placement {
+    use super::*;
+
+    /// rio's `update` from two servers at once for one new object, 40 times: each time exactly
+    /// one wins, the other is refused, and both then see the winner.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_servers_racing_for_one_object_have_exactly_one_winner_every_time() {
+        let cluster = unique("race");
+        let (_sa, a, addr_a) = server(options(&cluster, false), 9001).await;
+        let (_sb, b, addr_b) = server(options(&cluster, false), 9002).await;
+        let (mut wins_a, mut wins_b) = (0, 0);
+        let mut first_winner = String::new();
+        const ROUNDS: usize = 40;
+        for round in 0..ROUNDS {
+            let id = format!("object-{round}");
+            let (ra, rb) = tokio::join!(
+                a.update(item("Race", &id, &addr_a)),
+                b.update(item("Race", &id, &addr_b))
+            );
+            let winner = match (ra, rb) {
+                (Ok(()), Err(_)) => {
+                    wins_a += 1;
+                    &addr_a
+                }
+                (Err(_), Ok(())) => {
+                    wins_b += 1;
+                    &addr_b
+                }
+                other => panic!("round {round}: not exactly one winner: {other:?}"),
+            };
+            if round == 0 {
+                first_winner = winner.clone();
+            }
+            let key = ObjectId::new("Race", &id);
+            assert_eq!(a.lookup(&key).await.unwrap().as_ref(), Some(winner));
+            assert_eq!(b.lookup(&key).await.unwrap().as_ref(), Some(winner));
+        }
+        eprintln!("{ROUNDS} races: server a won {wins_a}, server b won {wins_b}");
+        assert_eq!(wins_a + wins_b, ROUNDS);
+        // Placing again: the holder succeeds (nothing written), the other learns who holds it.
+        let (holder, other) = if first_winner == addr_a {
+            (&a, &b)
+        } else {
+            (&b, &a)
+        };
+        let other_addr = if first_winner == addr_a {
+            &addr_b
+        } else {
+            &addr_a
+        };
+        holder
+            .place("Race", "object-0", &first_winner)
+            .await
+            .unwrap();
+        match other.place("Race", "object-0", other_addr).await {
+            Err(RioStoreError::PlacedElsewhere { owner, .. }) => assert_eq!(owner, first_winner),
+            r => panic!("{r:?}"),
+        }
+    }
+
+    /// A placement on an active server is never taken; on an inactive one it is, by one server;
+    /// `clean_server` removes exactly the placements the server still holds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn clean_server_removes_a_dead_servers_placements_and_only_those() {
+        let cluster = unique("clean");
+        let (sa, a, addr_a) = server(options(&cluster, false), 9001).await;
+        let (_sb, b, addr_b) = server(options(&cluster, false), 9002).await;
+        for id in ["x", "y", "z"] {
+            a.update(item("Clean", id, &addr_a)).await.unwrap();
+        }
+        b.update(item("Clean", "w", &addr_b)).await.unwrap();
+        assert!(
+            matches!(b.place("Clean", "x", &addr_b).await, Err(RioStoreError::PlacedElsewhere { owner, .. }) if owner == addr_a),
+            "an active owner keeps it"
+        );
+        // a is found broken (rio's provider marks it inactive); b takes over x on its own.
+        sa.set_inactive("127.0.0.1", "9001").await.unwrap();
+        b.place("Clean", "x", &addr_b).await.unwrap();
+        assert_eq!(a.clean(&addr_a).await.unwrap(), 2, "y and z; x is b's now");
+        for (id, expected) in [
+            ("x", Some(&addr_b)),
+            ("y", None),
+            ("z", None),
+            ("w", Some(&addr_b)),
+        ] {
+            assert_eq!(
+                b.lookup(&ObjectId::new("Clean", id))
+                    .await
+                    .unwrap()
+                    .as_ref(),
+                expected,
+                "{id}"
+            );
+        }
+        assert_eq!(a.clean(&addr_a).await.unwrap(), 0, "idempotent");
+        b.update(item("Clean", "y", &addr_b)).await.unwrap();
+        // rio's `remove` (an object shut down on its server) unassigns it.
+        b.remove(&ObjectId::new("Clean", "y")).await.unwrap();
+        assert_eq!(b.lookup(&ObjectId::new("Clean", "y")).await.unwrap(), None);
+    }
+
+    /// With expiry on: a live server's placement stays for 2 × TTL (sampled every 250 ms);
+    /// once the server is gone, it expires — never before its membership entry.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn placements_expire_with_their_server_and_never_before_its_entry() {
+        let cluster = unique("expire");
+        let (sa, a, addr_a) = server(options(&cluster, true), 9001).await;
+        let observer = storage(options(&cluster, true)).await;
+        let look = CassandraObjectPlacement::connect(&observer, PlacementOptions::default())
+            .await
+            .unwrap();
+        let ttl = a.ttl().expect("expiry on");
+        a.update(item("Expire", "o", &addr_a)).await.unwrap();
+        let key = ObjectId::new("Expire", "o");
+        let until_t = Instant::now() + 2 * TTL;
+        while Instant::now() < until_t {
+            assert_eq!(
+                look.lookup(&key).await.unwrap().as_ref(),
+                Some(&addr_a),
+                "never early"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let address = sa.incarnation("127.0.0.1", "9001").unwrap();
+        drop((sa, a));
+        let stopped = Instant::now();
+        let raw = table(options(&cluster, true)).await;
+        let mut entry_gone = None;
+        let gone = until(
+            "the placement gone",
+            ttl + Duration::from_secs(4),
+            async || {
+                if entry_gone.is_none() && raw.read_row(&address).await.unwrap().rows.is_empty() {
+                    entry_gone = Some(stopped.elapsed());
+                }
+                look.lookup(&key).await.unwrap().is_none()
+            },
+        )
+        .await;
+        eprintln!(
+            "entry gone after {entry_gone:?}, placement after {gone:?} (placement TTL {ttl:?})"
+        );
+        let entry_gone = entry_gone.expect("the entry expires before its placement");
+        assert!(
+            gone + Duration::from_millis(500) >= entry_gone,
+            "{gone:?} < {entry_gone:?}"
+        );
+        assert!(gone <= ttl + Duration::from_secs(2), "{gone:?}");
+    }
+}
+
+mod state {
+    use super::*;
+
+    #[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+    struct Counter {
+        n: u32,
+        by: String,
+    }
+
+    async fn stores(cluster: &str) -> (CassandraState, CassandraState) {
+        let s = storage(options(cluster, false)).await;
+        let a = CassandraState::connect(&s, StateOptions::default())
+            .await
+            .unwrap();
+        let b = CassandraState::connect(&s, StateOptions::default())
+            .await
+            .unwrap();
+        (a, b)
+    }
+
+    fn counter(n: u32, by: &str) -> Counter {
+        Counter { n, by: by.into() }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_state_round_trips_and_each_save_moves_its_version_by_one() {
+        let id = unique("rt");
+        let (a, b) = stores(&unique("state")).await;
+        let missing: Result<Counter, _> = a.load("Counter", &id, "Counter").await;
+        assert_eq!(missing, Err(LoadStateError::ObjectNotFound));
+        a.save("Counter", &id, "Counter", &counter(1, "a"))
+            .await
+            .unwrap();
+        a.save("Counter", &id, "Counter", &counter(2, "a"))
+            .await
+            .unwrap();
+        assert_eq!(a.known_version("Counter", &id, "Counter"), Some(Some(2)));
+        let (loaded, version) = b
+            .load_versioned::<Counter>("Counter", &id, "Counter")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((loaded, version), (counter(2, "a"), 2));
+        let other: Result<Counter, _> = b.load("Counter", &id, "OtherType").await;
+        assert_eq!(other, Err(LoadStateError::ObjectNotFound), "per state type");
+    }
+
+    /// Two activations of one object (two servers' stores): whoever saves second, on a version
+    /// it did not see, is refused and writes nothing, at the first save and at later ones.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_activations_never_overwrite_each_others_state() {
+        let id = unique("conflict");
+        let (a, b) = stores(&unique("state")).await;
+        assert!(
+            a.load_versioned::<Counter>("Counter", &id, "Counter")
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            b.load_versioned::<Counter>("Counter", &id, "Counter")
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(
+            a.save_versioned("Counter", &id, "Counter", &counter(1, "a"))
+                .await
+                .unwrap(),
+            1
+        );
+        match b
+            .save_versioned("Counter", &id, "Counter", &counter(1, "b"))
+            .await
+        {
+            Err(RioStoreError::StateConflict {
+                expected: None,
+                found: Some(1),
+                ..
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        // Through rio's trait the loser gets an error too.
+        let via_rio =
+            StateSaver::<Counter>::save(&b, "Counter", &id, "Counter", &counter(1, "b")).await;
+        assert_eq!(via_rio, Err(LoadStateError::Unknown));
+        // b reloads (a new activation would) and saves on top; a, still at 1, is refused.
+        let (seen, _) = b
+            .load_versioned::<Counter>("Counter", &id, "Counter")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(seen, counter(1, "a"));
+        assert_eq!(
+            b.save_versioned("Counter", &id, "Counter", &counter(2, "b"))
+                .await
+                .unwrap(),
+            2
+        );
+        match a
+            .save_versioned("Counter", &id, "Counter", &counter(2, "a"))
+            .await
+        {
+            Err(RioStoreError::StateConflict {
+                expected: Some(1),
+                found: Some(2),
+                ..
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        let (stored, version) = a
+            .load_versioned::<Counter>("Counter", &id, "Counter")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((stored, version), (counter(2, "b"), 2));
+    }
+
+    /// Both activations save at once on the version both loaded, 20 times: one wins each time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_saves_on_one_version_have_exactly_one_winner() {
+        let id = unique("concurrent");
+        let (a, b) = stores(&unique("state")).await;
+        a.save_versioned("Counter", &id, "Counter", &counter(0, "a"))
+            .await
+            .unwrap();
+        let mut wins = (0, 0);
+        for round in 1..=20 {
+            a.load_versioned::<Counter>("Counter", &id, "Counter")
+                .await
+                .unwrap();
+            b.load_versioned::<Counter>("Counter", &id, "Counter")
+                .await
+                .unwrap();
+            let (ca, cb) = (counter(round, "a"), counter(round, "b"));
+            let (ra, rb) = tokio::join!(
+                a.save_versioned("Counter", &id, "Counter", &ca),
+                b.save_versioned("Counter", &id, "Counter", &cb)
+            );
+            let by = match (ra, rb) {
+                (Ok(_), Err(RioStoreError::StateConflict { .. })) => {
+                    wins.0 += 1;
+                    "a"
+                }
+                (Err(RioStoreError::StateConflict { .. }), Ok(_)) => {
+                    wins.1 += 1;
+                    "b"
+                }
+                other => panic!("round {round}: {other:?}"),
+            };
+            let (stored, version) = a
+                .load_versioned::<Counter>("Counter", &id, "Counter")
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                (stored, version),
+                (counter(round, by), i64::from(round) + 1)
+            );
+        }
+        eprintln!("20 concurrent saves: a won {}, b won {}", wins.0, wins.1);
+    }
+}
+
+mod fencing {
+    use super::*;
+
+    static HANDLED: AtomicU32 = AtomicU32::new(0);
+
+    #[derive(Default, WithId, TypeName)]
+    struct Echo {
+        id: String,
+    }
+
+    #[derive(Default, Debug, Message, TypeName, Serialize, Deserialize)]
+    struct Ping;
+
+    #[derive(Default, Debug, Message, TypeName, Serialize, Deserialize)]
+    struct Pong {
+        handled: u32,
+    }
+
+    #[async_trait]
+    impl Handler<Ping> for Echo {
+        type Returns = Pong;
+        type Error = NoopError;
+        async fn handle(&mut self, _: Ping, _: Arc<AppData>) -> Result<Pong, NoopError> {
+            Ok(Pong {
+                handled: HANDLED.fetch_add(1, Ordering::SeqCst) + 1,
+            })
+        }
+    }
+
+    /// A rio server whose heartbeats fail: past the fence horizon it answers every request
+    /// with an error and handles none; healthy again, it serves; declared Dead, its `run`
+    /// returns and its port is closed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fenced_server_answers_no_request_and_a_dead_one_stops() {
+        let cluster = unique("fence");
+        // Heartbeats every 2 s: fenced 4 s after the last one, gone (hidden from rio) at 6 s.
+        let o = || options_with(&cluster, false, 2 * HEARTBEAT);
+        let real = table(o()).await;
+        let faulty = Arc::new(FaultyTable::new(Arc::new(table(o()).await)));
+        let rio = RioStorageOptions::from_membership(&o().membership);
+        let s = CassandraMembershipStorage::with_wrapped_table(faulty.clone(), &real, rio)
+            .await
+            .unwrap();
+        let placement = CassandraObjectPlacement::connect(&s, PlacementOptions::default())
+            .await
+            .unwrap();
+        let provider = FencedClusterProvider::new(
+            PeerToPeerClusterProvider::builder()
+                .members_storage(s.clone())
+                .interval_secs(1)
+                .build(),
+        );
+        let mut registry = Registry::new();
+        registry.add_type::<Echo>();
+        registry.add_handler::<Echo, Ping>();
+        let mut server = Server::builder()
+            .address("0.0.0.0:0".to_string())
+            .registry(registry)
+            .cluster_provider(provider)
+            .object_placement_provider(placement)
+            .build();
+        let listener = server.bind().await.unwrap();
+        let advertised = Server::<
+            CassandraMembershipStorage,
+            FencedClusterProvider<PeerToPeerClusterProvider<CassandraMembershipStorage>>,
+            CassandraObjectPlacement,
+        >::try_local_addr(&listener)
+        .unwrap();
+        let running = tokio::spawn(async move { server.run(listener).await });
+        let (ip, port) = (advertised.ip().to_string(), advertised.port().to_string());
+        until("healthy", Duration::from_secs(10), async || {
+            matches!(s.health(&ip, &port), Some(SiloHealth::Healthy { .. }))
+        })
+        .await;
+
+        let client_storage = storage(o()).await;
+        let mut client = ClientBuilder::new()
+            .members_storage(client_storage)
+            .timeout_millis(2000)
+            .build()
+            .unwrap();
+        let ping = async |client: &mut rio_rs::client::Client<CassandraMembershipStorage>,
+                          id: &str| {
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                client.send::<Pong, NoopError>("Echo", id, &Ping),
+            )
+            .await
+            .expect("an answer within 10 s")
+        };
+        let before = ping(&mut client, "one").await.unwrap().handled;
+
+        // Every heartbeat fails from now on: fenced within the horizon (2 periods).
+        let down = faulty.inject(Injection::unavailable(
+            Calls::any_of([Operation::UpdateIAmAlive]),
+            "injected: heartbeat unavailable",
+        ));
+        let fenced_after = until("fenced", Duration::from_secs(8), async || {
+            matches!(s.fenced(), Some((_, SiloHealth::LeaseAtRisk { .. })))
+        })
+        .await;
+        for id in ["one", "two", "three"] {
+            // The server itself answers: it refuses the object (rio: "upstream error").
+            match ping(&mut client, id).await {
+                Err(RequestError::ResponseError(ResponseError::Unknown(text))) => {
+                    assert!(text.contains("upstream"), "{text}")
+                }
+                other => panic!("a fenced server answered {id} with {other:?}"),
+            }
+        }
+        assert_eq!(
+            HANDLED.load(Ordering::SeqCst),
+            before,
+            "no request handled while fenced"
+        );
+
+        faulty.clear(down);
+        until("healthy again", Duration::from_secs(8), async || {
+            matches!(s.health(&ip, &port), Some(SiloHealth::Healthy { .. }))
+        })
+        .await;
+        let mut served = None;
+        until("served again", Duration::from_secs(8), async || {
+            served = ping(&mut client, "one").await.ok();
+            served.is_some()
+        })
+        .await;
+        assert_eq!(served.unwrap().handled, before + 1);
+
+        // The cluster declares it dead: the server stops, as documented.
+        let address = s.incarnation(&ip, &port).unwrap();
+        let snapshot = real.read_row(&address).await.unwrap();
+        let mut dead = snapshot.rows[0].entry.clone();
+        dead.status = SiloStatus::Dead;
+        assert!(
+            real.update_row(&dead, &snapshot.rows[0].etag, &snapshot.version.next())
+                .await
+                .unwrap()
+        );
+        let t0 = Instant::now();
+        let ended = tokio::time::timeout(Duration::from_secs(10), running)
+            .await
+            .expect("run returns within 10 s of the death")
+            .unwrap();
+        eprintln!(
+            "fenced {fenced_after:?} after heartbeats failed; stopped {:?} after Dead",
+            t0.elapsed()
+        );
+        assert!(ended.is_ok(), "{ended:?}");
+        assert_eq!(s.health(&ip, &port), Some(SiloHealth::DeclaredDead));
+        assert!(
+            tokio::net::TcpStream::connect(("127.0.0.1", advertised.port()))
+                .await
+                .is_err(),
+            "a stopped server accepts no connection"
+        );
+    }
+}
