@@ -79,10 +79,10 @@ impl PlacementOptions {
 ///   may not serve ([`CassandraMembershipStorage::fenced`]): rio looks the object up before
 ///   every request, so a fenced server handles no request.
 /// - **Expiry with the membership table.** With storage-side expiry on, every row carries the
-///   membership table's write TTL plus two renewal intervals, and this value renews the rows it
-///   placed every renewal interval while its member is not final: a placement never expires
-///   before its server's entry could, and is gone at most TTL + 3 × renewal interval + 1 s
-///   after its server stopped.
+///   membership table's write TTL plus the adapter's `gone_after` plus two renewal intervals,
+///   and this value renews the rows it placed every renewal interval while its member is not
+///   final: a placement never expires before its server's entry could, and is gone at most that
+///   TTL after its server stopped.
 ///
 /// Clones share one set of placements and one renewal task (stopped when the last is dropped).
 #[derive(Clone)]
@@ -201,18 +201,25 @@ struct ServerKey<'a> {
     server: &'a str,
 }
 
-/// The TTL of placement rows: the membership table's write TTL plus two renewal intervals (one
-/// for the renewal that may run up to one interval after the entry's, one of margin for a late
-/// renewal), within Cassandra's limits; 0 without expiry.
+/// The TTL of placement rows, within Cassandra's limits (0 without expiry): the membership
+/// table's write TTL (an entry expires at most that long after its last write), plus
+/// `gone_after` (peers' failure notices keep writing a dead server's entry until it is gone),
+/// plus two renewal intervals (placements are rewritten every interval: one for the interval
+/// since the last rewrite, one of margin for a late one).
 pub(crate) fn placement_ttl_seconds(
     options: &cassandra_membership::CassandraClusteringOptions,
+    gone_after: Duration,
     now_unix_seconds: i64,
 ) -> i32 {
     if options.ttl_seconds().is_none() {
         return 0;
     }
+    let gone_after = gone_after
+        .as_secs()
+        .saturating_add(u64::from(gone_after.subsec_nanos() > 0));
     let wanted = options
         .write_ttl_seconds()
+        .saturating_add(gone_after)
         .saturating_add(options.renewal_seconds().saturating_mul(2));
     // A cell may not expire after the 2038 horizon of Cassandra's default storage mode.
     let horizon = u64::try_from(EXPIRY_HORIZON_UNIX_SECONDS.saturating_sub(now_unix_seconds))
@@ -257,7 +264,11 @@ impl CassandraObjectPlacement {
             unindex: cql.prepare(cql::UNINDEX_PLACEMENT, s, false).await?,
             read_server: cql.prepare(cql::READ_SERVER_PLACEMENTS, s, false).await?,
         };
-        let ttl = placement_ttl_seconds(membership, Timestamp::now().as_millis() / 1000);
+        let ttl = placement_ttl_seconds(
+            membership,
+            storage.options().gone_after(),
+            Timestamp::now().as_millis() / 1000,
+        );
         let renewal = (ttl > 0).then(|| Duration::from_secs(membership.renewal_seconds()));
         let placement = CassandraObjectPlacement {
             inner: Arc::new(Inner {
@@ -587,6 +598,7 @@ impl CassandraObjectPlacement {
 
     /// Rewrites every placement this value made with a fresh TTL, conditionally on its server
     /// still holding it; a placement lost meanwhile is forgotten. Returns how many it renewed.
+    #[tracing::instrument(skip(self), fields(cluster = %self.inner.cluster_id), err)]
     pub(crate) async fn renew_all(&self) -> RioStoreResult<usize> {
         let placed: Vec<((String, String), (String, Timestamp))> = self
             .placed()
@@ -708,17 +720,24 @@ mod tests {
             .membership(m)
     }
 
+    const NOW: i64 = 1_700_000_000;
+
     #[test]
-    fn placements_outlive_the_entry_by_two_renewal_intervals() {
-        // TTL 5 s: renewal 1 s, entries written with 7 s, placements with 9 s.
+    fn placements_outlive_the_entry_by_gone_after_and_two_renewal_intervals() {
+        // TTL 5 s: renewal 1 s, entries written with 7 s; gone after 3 s: placements 12 s.
         let o = options(Duration::from_secs(5));
         assert_eq!(o.write_ttl_seconds(), 7);
-        assert_eq!(placement_ttl_seconds(&o, 1_700_000_000), 9);
-        // Defaults (7 d): 7 d + 3 × 16.8 h + 1 s.
+        assert_eq!(placement_ttl_seconds(&o, Duration::from_secs(3), NOW), 12);
+        assert_eq!(
+            placement_ttl_seconds(&o, Duration::from_millis(2500), NOW),
+            12,
+            "whole seconds, rounded up"
+        );
+        // Defaults (7 d, gone after 90 s): 7 d + 3 × 16.8 h + 90 s + 1 s.
         let o = options(Duration::from_secs(7 * 86_400));
         assert_eq!(
-            placement_ttl_seconds(&o, 1_700_000_000),
-            7 * 86_400 + 3 * 60_480 + 1
+            placement_ttl_seconds(&o, Duration::from_secs(90), NOW),
+            7 * 86_400 + 3 * 60_480 + 91
         );
     }
 
@@ -726,10 +745,14 @@ mod tests {
     fn no_expiry_means_ttl_zero_and_limits_are_kept() {
         let mut o = options(Duration::from_secs(5));
         o.ttl = false;
-        assert_eq!(placement_ttl_seconds(&o, 1_700_000_000), 0);
+        assert_eq!(placement_ttl_seconds(&o, Duration::from_secs(3), NOW), 0);
         let o = options(Duration::from_secs(7 * 86_400));
         assert_eq!(
-            placement_ttl_seconds(&o, EXPIRY_HORIZON_UNIX_SECONDS - 100),
+            placement_ttl_seconds(
+                &o,
+                Duration::from_secs(3),
+                EXPIRY_HORIZON_UNIX_SECONDS - 100
+            ),
             100,
             "never past the 2038 horizon"
         );
