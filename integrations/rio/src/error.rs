@@ -34,13 +34,14 @@ pub enum RioStoreError {
     },
 
     /// This server's membership does not allow it to serve (its health is `LeaseAtRisk`, or
-    /// final: Dead, missing, stopped). Nothing was written. A server at risk serves again once
-    /// its heartbeat is `Healthy`; a final one never does.
+    /// final: Dead, missing, stopped), or its placement renewals have failed for so long that
+    /// its placements may lapse. Nothing was written. A server at risk serves again once its
+    /// heartbeat is `Healthy` (or a renewal succeeds); a final one never does.
     #[error("server {server} is fenced ({health}): it serves no object")]
     Fenced {
         /// The server's address.
         server: String,
-        /// Its membership health, as text.
+        /// Its membership health, or the renewal failure, as text.
         health: String,
     },
 

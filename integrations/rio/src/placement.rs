@@ -76,8 +76,9 @@ impl PlacementOptions {
 ///   a server that is no longer active is taken over conditionally on that owner (`IF server =
 ///   …`), so a concurrent takeover by a third server also has one winner.
 /// - **Fenced servers serve nothing.** `lookup` and `update` refuse while this process's member
-///   may not serve ([`CassandraMembershipStorage::fenced`]): rio looks the object up before
-///   every request, so a fenced server handles no request.
+///   may not serve ([`CassandraMembershipStorage::fenced`]), and while the placement renewals
+///   have failed for longer than their margin: rio looks the object up before every request,
+///   so a fenced server handles no request.
 /// - **Expiry with the membership table.** With storage-side expiry on, every row carries the
 ///   membership table's write TTL plus the adapter's `gone_after` plus two renewal intervals,
 ///   and this value renews the rows it placed every renewal interval while its member is not
@@ -102,6 +103,10 @@ struct Inner {
     /// The objects this value placed, with the server it placed them on and when.
     placed: Mutex<HashMap<(String, String), (String, Timestamp)>>,
     renewer: Mutex<Option<JoinHandle<()>>>,
+    /// With expiry: how long after the last complete renewal the placements are still sure to
+    /// be stored (the margin their TTL has beyond the entry's), and when that renewal ran.
+    renewal_margin: Option<Duration>,
+    renewed: Mutex<tokio::time::Instant>,
 }
 
 impl Drop for Inner {
@@ -270,6 +275,8 @@ impl CassandraObjectPlacement {
             Timestamp::now().as_millis() / 1000,
         );
         let renewal = (ttl > 0).then(|| Duration::from_secs(membership.renewal_seconds()));
+        // A placement outlives its entry by gone_after + one interval when renewed on time.
+        let renewal_margin = renewal.map(|r| r + storage.options().gone_after());
         let placement = CassandraObjectPlacement {
             inner: Arc::new(Inner {
                 cql,
@@ -281,6 +288,8 @@ impl CassandraObjectPlacement {
                 ttl,
                 placed: Mutex::default(),
                 renewer: Mutex::default(),
+                renewal_margin,
+                renewed: Mutex::new(tokio::time::Instant::now()),
             }),
         };
         if let Some(every) = renewal {
@@ -319,13 +328,29 @@ impl CassandraObjectPlacement {
     }
 
     fn check_fence(&self) -> RioStoreResult<()> {
-        match self.inner.storage.fenced() {
-            None => Ok(()),
-            Some((server, health)) => Err(RioStoreError::Fenced {
+        if let Some((server, health)) = self.inner.storage.fenced() {
+            return Err(RioStoreError::Fenced {
                 server: server.to_string(),
                 health: format!("{health:?}"),
-            }),
+            });
         }
+        // Placements whose renewals kept failing may lapse while this server still hosts their
+        // objects: serve none until a renewal succeeds (membership writes usually fail first).
+        if let Some(margin) = self.inner.renewal_margin {
+            let since = self
+                .inner
+                .renewed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .elapsed();
+            if since > margin {
+                return Err(RioStoreError::Fenced {
+                    server: "this server".to_owned(),
+                    health: format!("placement renewals failing for {since:?}"),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The server `kind/id` is placed on, if any. Refused while this process is fenced.
@@ -664,8 +689,16 @@ async fn renew(inner: Weak<Inner>, every: Duration) {
             warn!(%server, ?health, "member is final: its placements are no longer renewed");
             return;
         }
+        let started = tokio::time::Instant::now();
         match placement.renew_all().await {
-            Ok(n) => debug!(renewed = n, "placements renewed"),
+            Ok(n) => {
+                *placement
+                    .inner
+                    .renewed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = started;
+                debug!(renewed = n, "placements renewed");
+            }
             // Retried at the next interval: the rows carry one interval of margin.
             Err(e) => warn!(error = %e.chain(), "placement renewal failed"),
         }
