@@ -588,3 +588,61 @@ mod fencing {
         );
     }
 }
+
+mod wiring {
+    use super::*;
+    use cassandra_membership::InMemoryMembershipTable;
+    use cassandra_membership::MembershipError;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_stores_refuse_a_storage_that_is_not_on_cassandra() {
+        let memory = Arc::new(InMemoryMembershipTable::new("in-memory"));
+        let s = CassandraMembershipStorage::with_table(memory, RioStorageOptions::default())
+            .await
+            .unwrap();
+        let placement = CassandraObjectPlacement::connect(&s, PlacementOptions::default()).await;
+        assert!(
+            matches!(&placement, Err(RioStoreError::InvalidConfiguration { option, .. }) if option == "storage"),
+            "{placement:?}"
+        );
+        let state = CassandraState::connect(&s, StateOptions::default()).await;
+        assert!(
+            matches!(&state, Err(RioStoreError::InvalidConfiguration { option, .. }) if option == "storage"),
+            "{state:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wrapped_table_must_wrap_the_cassandra_table_it_names() {
+        let (a, b) = (unique("wrap-a"), unique("wrap-b"));
+        let real_b = table(options(&b, false)).await;
+        let wrapped_a = Arc::new(FaultyTable::new(Arc::new(table(options(&a, false)).await)));
+        let rio = RioStorageOptions::from_membership(&options(&a, false).membership);
+        let refused =
+            CassandraMembershipStorage::with_wrapped_table(wrapped_a, &real_b, rio.clone()).await;
+        assert!(
+            matches!(&refused, Err(MembershipError::InvalidConfiguration { option, .. }) if option == "table"),
+            "{refused:?}"
+        );
+        let wrapped_b = Arc::new(FaultyTable::new(Arc::new(table(options(&b, false)).await)));
+        CassandraMembershipStorage::with_wrapped_table(wrapped_b, &real_b, rio)
+            .await
+            .unwrap();
+    }
+
+    #[test]
+    fn store_options_name_what_is_wrong() {
+        let mut s = StateOptions::default();
+        s.ttl = Some(Duration::from_millis(10));
+        assert!(
+            matches!(s.validate(), Err(RioStoreError::InvalidConfiguration { option, .. }) if option == "ttl")
+        );
+        s.ttl = None;
+        s.table = "1table".into();
+        assert!(
+            matches!(s.validate(), Err(RioStoreError::InvalidConfiguration { option, .. }) if option == "table")
+        );
+        let bad: Result<PlacementOptions, _> = toml::from_str("tabel = \"x\"");
+        assert!(bad.is_err(), "unknown fields are refused");
+    }
+}
