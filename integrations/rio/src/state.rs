@@ -237,6 +237,59 @@ impl CassandraState {
         })
     }
 
+    /// One conditional save: an insert when no version is expected, else an update on it.
+    #[allow(clippy::too_many_arguments)]
+    async fn send_save(
+        &self,
+        kind: &str,
+        id: &str,
+        state_type: &str,
+        json: &[u8],
+        expected: Option<i64>,
+        version: i64,
+        write_id: Uuid,
+        ttl: i32,
+    ) -> RioStoreResult<cql::CasReply> {
+        let written_at = CqlTimestamp(Timestamp::now().as_millis());
+        match expected {
+            None => {
+                let values = InsertValues {
+                    service_id: &self.inner.service_id,
+                    object_kind: kind,
+                    object_id: id,
+                    state_type,
+                    version,
+                    state: json,
+                    write_id,
+                    written_at,
+                    ttl,
+                };
+                self.inner
+                    .cql
+                    .conditional("insert state", &self.inner.insert, values)
+                    .await
+            }
+            Some(expected) => {
+                let values = UpdateValues {
+                    service_id: &self.inner.service_id,
+                    object_kind: kind,
+                    object_id: id,
+                    state_type,
+                    version,
+                    state: json,
+                    write_id,
+                    written_at,
+                    expected,
+                    ttl,
+                };
+                self.inner
+                    .cql
+                    .conditional("save state", &self.inner.update, values)
+                    .await
+            }
+        }
+    }
+
     fn corrupt(&self, detail: String) -> RioStoreError {
         RioStoreError::CorruptData {
             table: self.inner.options.table.clone(),
@@ -289,68 +342,49 @@ impl CassandraState {
         let key = (kind.to_owned(), id.to_owned(), state_type.to_owned());
         let expected = self.versions().get(&key).copied().flatten();
         let version = expected.map_or(1, |v| v.saturating_add(1));
-        let write_id = Uuid::new_v4();
-        let written_at = CqlTimestamp(Timestamp::now().as_millis());
         let ttl = self.inner.options.ttl_seconds();
-        let sent = match expected {
-            None => {
-                let values = InsertValues {
-                    service_id: &self.inner.service_id,
-                    object_kind: kind,
-                    object_id: id,
-                    state_type,
-                    version,
-                    state: &json,
-                    write_id,
-                    written_at,
-                    ttl,
-                };
-                self.inner
-                    .cql
-                    .conditional("insert state", &self.inner.insert, values)
-                    .await
-            }
-            Some(expected) => {
-                let values = UpdateValues {
-                    service_id: &self.inner.service_id,
-                    object_kind: kind,
-                    object_id: id,
-                    state_type,
-                    version,
-                    state: &json,
-                    write_id,
-                    written_at,
-                    expected,
-                    ttl,
-                };
-                self.inner
-                    .cql
-                    .conditional("save state", &self.inner.update, values)
-                    .await
-            }
-        };
-        let found = match sent {
-            Ok(reply) if reply.applied => {
-                self.versions().insert(key, Some(version));
-                return Ok(version);
-            }
-            Ok(reply) => match reply.current("version") {
-                Some(CqlValue::BigInt(v)) => Some(*v),
-                _ => None,
-            },
-            Err(e @ RioStoreError::OutcomeUnknown { .. }) => {
-                // A serial read completes or supersedes the write; its id says which.
-                match self.read(kind, id, state_type).await {
-                    Ok(Some(s)) if s.write_id == Some(write_id) => {
-                        debug!("the save whose answer was lost applied");
-                        self.versions().insert(key, Some(version));
-                        return Ok(version);
-                    }
-                    Ok(s) => s.map(|s| s.version),
-                    Err(_) => return Err(e),
+        // Sent again only when a serial read proved the previous attempt did not apply.
+        let mut attempts = 0;
+        let found = loop {
+            attempts += 1;
+            let write_id = Uuid::new_v4();
+            let sent = self
+                .send_save(
+                    kind, id, state_type, &json, expected, version, write_id, ttl,
+                )
+                .await;
+            match sent {
+                Ok(reply) if reply.applied => {
+                    self.versions().insert(key, Some(version));
+                    return Ok(version);
                 }
+                Ok(reply) => match reply.current("version") {
+                    Some(CqlValue::BigInt(v)) => break Some(*v),
+                    _ => break None,
+                },
+                Err(e @ RioStoreError::OutcomeUnknown { .. }) => {
+                    // A serial read completes or supersedes the write: its id says whether it
+                    // applied; the version it expected, still there, says it never will.
+                    match self.read(kind, id, state_type).await {
+                        Ok(Some(s)) if s.write_id == Some(write_id) => {
+                            debug!("the save whose answer was lost applied");
+                            self.versions().insert(key, Some(version));
+                            return Ok(version);
+                        }
+                        Ok(s) if s.as_ref().map(|s| s.version) == expected => {
+                            if attempts >= 3 {
+                                return Err(e); // proven not applied: the caller may retry
+                            }
+                            debug!(
+                                "the save whose answer was lost did not apply: sending it again"
+                            );
+                        }
+                        Ok(s) => break s.map(|s| s.version),
+                        Err(_) => return Err(e),
+                    }
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         };
         let conflict = RioStoreError::StateConflict {
             object: format!("{kind}/{id}"),
