@@ -646,3 +646,165 @@ mod wiring {
         assert!(bad.is_err(), "unknown fields are refused");
     }
 }
+
+/// Two real rio servers on one Cassandra placement table, each sent the same new object at the
+/// same moment by its own client: rio activates it on exactly one of them, every round.
+mod rio_servers {
+    use super::*;
+    use rio_rs::cluster::storage::local::LocalStorage;
+    use rio_rs::{LifecycleMessage, ServiceObject, ServiceObjectStateLoad};
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    /// Which server activated which object.
+    static ACTIVATIONS: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+
+    struct ServerName(String);
+
+    #[derive(Default, WithId, TypeName)]
+    struct Racer {
+        id: String,
+    }
+
+    impl ServiceObject for Racer {}
+
+    #[async_trait]
+    impl ServiceObjectStateLoad for Racer {
+        async fn load(&mut self, app_data: &AppData) -> Result<(), ServiceObjectLifeCycleError> {
+            let server = app_data.get::<ServerName>().0.clone();
+            ACTIVATIONS.lock().unwrap().push((self.id.clone(), server));
+            Ok(())
+        }
+    }
+
+    #[derive(Default, Debug, Message, TypeName, Serialize, Deserialize)]
+    struct Where;
+
+    #[derive(Default, Debug, Message, TypeName, Serialize, Deserialize)]
+    struct Here {
+        server: String,
+    }
+
+    #[async_trait]
+    impl Handler<Where> for Racer {
+        type Returns = Here;
+        type Error = NoopError;
+        async fn handle(&mut self, _: Where, app_data: Arc<AppData>) -> Result<Here, NoopError> {
+            Ok(Here {
+                server: app_data.get::<ServerName>().0.clone(),
+            })
+        }
+    }
+
+    type RioServer = Server<
+        CassandraMembershipStorage,
+        FencedClusterProvider<PeerToPeerClusterProvider<CassandraMembershipStorage>>,
+        CassandraObjectPlacement,
+    >;
+
+    /// Starts a rio server of `cluster`; returns its advertised address and its task.
+    async fn start(cluster: &str) -> (String, tokio::task::JoinHandle<()>) {
+        let s = storage(options(cluster, false)).await;
+        let placement = CassandraObjectPlacement::connect(&s, PlacementOptions::default())
+            .await
+            .unwrap();
+        let provider = FencedClusterProvider::new(
+            PeerToPeerClusterProvider::builder()
+                .members_storage(s)
+                .interval_secs(1)
+                .build(),
+        );
+        let mut registry = Registry::new();
+        registry.add_type::<Racer>();
+        registry.add_handler::<Racer, LifecycleMessage>();
+        registry.add_handler::<Racer, Where>();
+        let mut server: RioServer = Server::builder()
+            .address("0.0.0.0:0".to_string())
+            .registry(registry)
+            .cluster_provider(provider)
+            .object_placement_provider(placement)
+            .build();
+        let listener = server.bind().await.unwrap();
+        let address = RioServer::try_local_addr(&listener).unwrap().to_string();
+        server.app_data(ServerName(address.clone()));
+        let task = tokio::spawn(async move {
+            let _ = server.run(listener).await;
+        });
+        (address, task)
+    }
+
+    /// A client that knows only `server`, so its requests go there first.
+    async fn client_of(server: &str) -> rio_rs::client::Client<LocalStorage> {
+        let (ip, port) = server.rsplit_once(':').unwrap();
+        let only = LocalStorage::default();
+        let mut m = Member::new(ip.into(), port.into());
+        m.set_active(true);
+        only.push(m).await.unwrap();
+        ClientBuilder::new()
+            .members_storage(only)
+            .timeout_millis(2000)
+            .build()
+            .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_rio_servers_sent_one_new_object_at_once_activate_it_once() {
+        let cluster = unique("rio-race");
+        let (a, task_a) = start(&cluster).await;
+        let (b, task_b) = start(&cluster).await;
+        let observer = storage(options(&cluster, false)).await;
+        until("both servers active", Duration::from_secs(10), async || {
+            observer.active_members().await.unwrap().len() == 2
+        })
+        .await;
+        let (mut to_a, mut to_b) = (client_of(&a).await, client_of(&b).await);
+        const ROUNDS: usize = 20;
+        let mut refused = 0;
+        for round in 0..ROUNDS {
+            let id = format!("{cluster}-{round}");
+            let (ra, rb) = tokio::join!(
+                tokio::time::timeout(
+                    Duration::from_secs(10),
+                    to_a.send::<Here, NoopError>("Racer", &id, &Where)
+                ),
+                tokio::time::timeout(
+                    Duration::from_secs(10),
+                    to_b.send::<Here, NoopError>("Racer", &id, &Where)
+                ),
+            );
+            let answers: Vec<String> = [ra.expect("answer a"), rb.expect("answer b")]
+                .into_iter()
+                .filter_map(|r| r.ok().map(|h| h.server))
+                .collect();
+            refused += 2 - answers.len();
+            let activations: Vec<String> = ACTIVATIONS
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(object, _)| *object == id)
+                .map(|(_, server)| server.clone())
+                .collect();
+            assert_eq!(
+                activations.len(),
+                1,
+                "round {round}: activated on {activations:?}"
+            );
+            assert!(
+                answers.iter().all(|s| *s == activations[0]),
+                "round {round}: answered by {answers:?}, activated on {activations:?}"
+            );
+        }
+        let mut by_server: HashMap<String, usize> = HashMap::new();
+        for (object, server) in ACTIVATIONS.lock().unwrap().iter() {
+            if object.starts_with(&cluster) {
+                *by_server.entry(server.clone()).or_default() += 1;
+            }
+        }
+        eprintln!(
+            "{ROUNDS} rounds: one activation each ({by_server:?}); {refused} of {} requests refused by the server that lost the race",
+            2 * ROUNDS
+        );
+        task_a.abort();
+        task_b.abort();
+    }
+}
