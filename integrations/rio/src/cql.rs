@@ -48,6 +48,16 @@ pub(crate) fn validate_table(option: &str, name: &str) -> RioStoreResult<()> {
     Ok(())
 }
 
+/// The id a store's table is created with: the same for every server creating it at once
+/// (concurrent `CREATE TABLE IF NOT EXISTS` with random ids can leave conflicting tables).
+pub(crate) fn table_id(keyspace: &str, table: &str) -> uuid::Uuid {
+    const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x3f1c_9a2e_71d4_4b08_a6e5_c2d9_58b7_04e3);
+    uuid::Uuid::new_v5(
+        &NAMESPACE,
+        format!("cassandra-membership-rio/1/{keyspace}.{table}").as_bytes(),
+    )
+}
+
 /// `"keyspace"."table"`, both validated (the keyspace by the library's options).
 pub(crate) fn qualified(keyspace: &str, table: &str) -> String {
     format!("\"{keyspace}\".\"{table}\"")
@@ -89,9 +99,12 @@ impl Cql {
         }
     }
 
-    /// Runs a DDL statement (`CREATE TABLE IF NOT EXISTS`), waiting for schema agreement.
+    /// Runs a DDL statement (`CREATE TABLE IF NOT EXISTS … WITH ID`), waiting for schema
+    /// agreement.
     pub(crate) async fn ddl(&self, text: &str, table: &str) -> RioStoreResult<()> {
-        let cql = text.replace("{table}", &qualified(&self.keyspace, table));
+        let cql = text
+            .replace("{table}", &qualified(&self.keyspace, table))
+            .replace("{table_id}", &table_id(&self.keyspace, table).to_string());
         self.session
             .query_unpaged(cql, ())
             .await
@@ -287,5 +300,31 @@ impl CasReply {
     pub(crate) fn current(&self, column: &str) -> Option<&CqlValue> {
         let at = self.names.iter().position(|n| n == column)?;
         self.row.as_ref()?.columns.get(at)?.as_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_id_depends_on_keyspace_and_table_only() {
+        assert_eq!(table_id("ks", "rio_state"), table_id("ks", "rio_state"));
+        assert_ne!(table_id("ks", "rio_state"), table_id("ks2", "rio_state"));
+        assert_ne!(
+            table_id("ks", "rio_state"),
+            table_id("ks", "rio_placements")
+        );
+        assert_eq!(table_id("ks", "t").get_version_num(), 5);
+    }
+
+    #[test]
+    fn every_ddl_names_its_table_and_id() {
+        for ddl in [CREATE_PLACEMENTS, CREATE_PLACEMENTS_BY_SERVER, CREATE_STATE] {
+            assert!(
+                ddl.contains("{table}") && ddl.contains("WITH ID = {table_id}"),
+                "{ddl}"
+            );
+        }
     }
 }
