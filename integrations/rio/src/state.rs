@@ -306,13 +306,23 @@ impl CassandraState {
         id: &str,
         state_type: &str,
     ) -> RioStoreResult<Option<(T, i64)>> {
-        let stored = self.read(kind, id, state_type).await?;
         let key = (kind.to_owned(), id.to_owned(), state_type.to_owned());
+        // Whatever this value knew of the state is stale once a load fails: rio then starts the
+        // object from its default state, whose save must be refused (an insert on an existing
+        // state), not applied on the version an earlier activation loaded.
+        let stored = match self.read(kind, id, state_type).await {
+            Ok(stored) => stored,
+            Err(e) => {
+                self.versions().remove(&key);
+                return Err(e);
+            }
+        };
         let Some(stored) = stored else {
             self.versions().insert(key, None);
             return Ok(None);
         };
         let value = serde_json::from_slice(&stored.state).map_err(|source| {
+            self.versions().remove(&key);
             RioStoreError::Serialization {
                 object: format!("{kind}/{id}"),
                 state_type: state_type.to_owned(),

@@ -11,7 +11,7 @@ use std::time::Duration;
 use cassandra_membership::{CassandraClusteringOptions, CassandraMembershipTable};
 use cassandra_membership_rio::{
     CassandraMembershipStorage, CassandraObjectPlacement, CassandraState, PlacementOptions,
-    RioStorageOptions, StateOptions,
+    RioStorageOptions, RioStoreError, StateOptions,
 };
 use scylla::client::session_builder::SessionBuilder;
 use scylla::errors::{DbError, WriteType};
@@ -226,6 +226,57 @@ async fn a_placement_whose_answer_is_lost_is_known_to_be_ours() {
             .unwrap()
             .as_deref(),
         Some("127.0.0.1:9001")
+    );
+    drop(proxy);
+}
+
+/// The execution whose body holds `marker` is answered by the proxy with a read timeout.
+fn forge_read_timeout(proxy: &mut RunningProxy, marker: &str) -> Fired<RequestFrame> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    proxy.running_nodes[0].change_request_rules(Some(vec![RequestRule(
+        Condition::RequestOpcode(RequestOpcode::Execute)
+            .and(Condition::BodyContainsCaseSensitive(
+                marker.as_bytes().to_vec().into(),
+            ))
+            .and(Condition::TrueForLimitedTimes(1)),
+        RequestReaction::forge_with_error(DbError::ReadTimeout {
+            consistency: Consistency::Serial,
+            received: 0,
+            required: 1,
+            data_present: false,
+        })
+        .with_feedback_when_performed(tx),
+    )]));
+    rx
+}
+
+/// An object loaded its state, was shut down and is activated again on the same server, whose
+/// load now fails: rio starts it from its default state. Saving that default must be refused,
+/// not applied on the version the first activation loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_after_a_failed_load_never_overwrites_the_stored_state() {
+    let (mut proxy, storage) = proxied(&unique("failed-load")).await;
+    let state = CassandraState::connect(&storage, StateOptions::default())
+        .await
+        .unwrap();
+    let id = unique("object");
+    state.save_versioned("K", &id, "S", &7u32).await.unwrap();
+    assert_eq!(
+        state.load_versioned::<u32>("K", &id, "S").await.unwrap(),
+        Some((7, 1))
+    );
+    let mut f = forge_read_timeout(&mut proxy, &id);
+    assert!(state.load_versioned::<u32>("K", &id, "S").await.is_err());
+    assert_eq!(fired(&mut f), 1, "the fault was injected");
+    let reset = state.save_versioned("K", &id, "S", &0u32).await;
+    assert!(
+        matches!(reset, Err(RioStoreError::StateConflict { .. })),
+        "{reset:?}"
+    );
+    assert_eq!(
+        state.load_versioned::<u32>("K", &id, "S").await.unwrap(),
+        Some((7, 1)),
+        "the stored state is intact"
     );
     drop(proxy);
 }
