@@ -42,6 +42,11 @@ impl FenceHorizon {
         self.refresh_by = refresh_by;
     }
 
+    /// When the last write that stored this server's I-am-alive started.
+    pub(crate) fn last_published(&self) -> Instant {
+        self.published
+    }
+
     /// The instant from which the server must not serve.
     pub(crate) fn horizon(&self) -> Instant {
         let detection = self.published + self.serve_for;

@@ -459,6 +459,53 @@ mod fencing {
         }
     }
 
+    /// Heartbeats fail for longer than `gone_after`: the peers may have taken the server for
+    /// gone and re-placed its objects. When heartbeats work again it must not come back
+    /// (Healthy) but end final.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_that_was_gone_does_not_come_back_when_heartbeats_work_again() {
+        let cluster = unique("comeback");
+        let o = || options(&cluster, false);
+        let real = table(o()).await;
+        let faulty = Arc::new(FaultyTable::new(Arc::new(table(o()).await)));
+        let rio = RioStorageOptions::from_membership(&o().membership);
+        let s = CassandraMembershipStorage::with_wrapped_table(faulty.clone(), &real, rio)
+            .await
+            .unwrap();
+        let mut m = Member::new("127.0.0.1".into(), "9001".into());
+        m.set_active(true);
+        s.push(m).await.unwrap();
+        until("healthy", Duration::from_secs(10), async || {
+            matches!(
+                s.health("127.0.0.1", "9001"),
+                Some(SiloHealth::Healthy { .. })
+            )
+        })
+        .await;
+        let down = faulty.inject(Injection::unavailable(
+            Calls::any_of([Operation::UpdateIAmAlive]),
+            "injected: heartbeat unavailable",
+        ));
+        // gone after 3 s without an I-am-alive; the last one stored at most 1 s ago.
+        tokio::time::sleep(s.options().gone_after() + Duration::from_millis(1500)).await;
+        assert!(matches!(
+            s.fenced(),
+            Some((_, SiloHealth::LeaseAtRisk { .. }))
+        ));
+        faulty.clear(down);
+        let mut health = None;
+        until("final", Duration::from_secs(6), async || {
+            health = s.health("127.0.0.1", "9001");
+            assert!(
+                !matches!(health, Some(SiloHealth::Healthy { .. })),
+                "came back after it was gone: {health:?}"
+            );
+            health.as_ref().is_some_and(SiloHealth::is_final)
+        })
+        .await;
+        assert!(s.fenced().is_some(), "{health:?}");
+    }
+
     /// A rio server whose heartbeats fail: past the fence horizon it answers every request
     /// with an error and handles none; healthy again, it serves; declared Dead, its `run`
     /// returns and its port is closed.

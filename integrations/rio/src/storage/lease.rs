@@ -87,6 +87,14 @@ pub(super) async fn keep_lease(
             tokio::time::timeout(period / 2, inner.table.update_i_am_alive(&address, wall)).await;
         let error = match beat {
             Ok(Ok(HeartbeatOutcome::Refreshed { lease: l })) => {
+                // No I-am-alive stored for longer than `gone_after` until this one landed: the
+                // others may have taken the server for gone and re-placed its objects, which its
+                // registry still holds. It must not serve again (MAPPING.md: no rejoin in place).
+                let silent = tokio::time::Instant::now().duration_since(fence.last_published());
+                if silent > gone_after {
+                    warn!(%address, ?silent, ?gone_after, "no I-am-alive stored for longer than gone_after: the server may have been taken for gone");
+                    return finish(&inner, address, SiloHealth::EntryMissing);
+                }
                 if at_risk {
                     // The others may have declared it dead meanwhile, which a Cassandra
                     // heartbeat between lease renewals does not see.
