@@ -175,10 +175,12 @@ mod placement {
         }
     }
 
-    /// A placement on an active server is never taken; on an inactive one it is, by one server;
-    /// `clean_server` removes exactly the placements the server still holds.
+    /// A placement on an active server is never taken, nor on an inactive one that still
+    /// heartbeats (rio marks a server inactive after two failed pings: it may still be
+    /// serving); once that server is gone (no I-am-alive for `gone_after`) it is taken, by one
+    /// server, and `clean_server` removes exactly the placements the server still holds.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn clean_server_removes_a_dead_servers_placements_and_only_those() {
+    async fn clean_server_removes_a_gone_servers_placements_and_only_those() {
         let cluster = unique("clean");
         let (sa, a, addr_a) = server(options(&cluster, false), 9001).await;
         let (_sb, b, addr_b) = server(options(&cluster, false), 9002).await;
@@ -190,10 +192,30 @@ mod placement {
             matches!(b.place("Clean", "x", &addr_b).await, Err(RioStoreError::PlacedElsewhere { owner, .. }) if owner == addr_a),
             "an active owner keeps it"
         );
-        // a is found broken (rio's provider marks it inactive); b takes over x on its own.
+        // a is found broken by its peers (rio's provider marks it inactive) but keeps
+        // heartbeating: it may still serve x, so nobody else may take it yet.
         sa.set_inactive("127.0.0.1", "9001").await.unwrap();
+        assert!(
+            matches!(b.place("Clean", "x", &addr_b).await, Err(RioStoreError::PlacedElsewhere { owner, .. }) if owner == addr_a),
+            "an inactive owner that still heartbeats keeps it"
+        );
+        assert_eq!(
+            b.clean(&addr_a).await.unwrap(),
+            0,
+            "nor does clean_server take them"
+        );
+        assert_eq!(
+            a.lookup(&ObjectId::new("Clean", "x"))
+                .await
+                .unwrap()
+                .as_ref(),
+            Some(&addr_a)
+        );
+        // a stops: gone after 3 s without an I-am-alive.
+        drop((sa, a));
+        tokio::time::sleep(Duration::from_millis(3500)).await;
         b.place("Clean", "x", &addr_b).await.unwrap();
-        assert_eq!(a.clean(&addr_a).await.unwrap(), 2, "y and z; x is b's now");
+        assert_eq!(b.clean(&addr_a).await.unwrap(), 2, "y and z; x is b's now");
         for (id, expected) in [
             ("x", Some(&addr_b)),
             ("y", None),
@@ -209,7 +231,7 @@ mod placement {
                 "{id}"
             );
         }
-        assert_eq!(a.clean(&addr_a).await.unwrap(), 0, "idempotent");
+        assert_eq!(b.clean(&addr_a).await.unwrap(), 0, "idempotent");
         b.update(item("Clean", "y", &addr_b)).await.unwrap();
         // rio's `remove` (an object shut down on its server) unassigns it.
         b.remove(&ObjectId::new("Clean", "y")).await.unwrap();

@@ -12,7 +12,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use cassandra_membership::Timestamp;
 use rio_rs::ObjectId;
-use rio_rs::cluster::storage::MembershipStorage;
 use rio_rs::errors::ObjectPlacementError;
 use rio_rs::object_placement::{ObjectPlacement, ObjectPlacementItem};
 use scylla::statement::prepared::PreparedStatement;
@@ -144,6 +143,12 @@ impl fmt::Debug for CassandraObjectPlacement {
             .field("ttl", &self.inner.ttl)
             .finish_non_exhaustive()
     }
+}
+
+/// rio's `ip:port` server text as an endpoint (`None` when it is not one).
+fn parse_server(server: &str) -> Option<std::net::SocketAddr> {
+    let (ip, port) = server.rsplit_once(':')?;
+    endpoint(ip, port).ok()
 }
 
 fn object_name(kind: &str, id: &str) -> String {
@@ -295,8 +300,8 @@ impl CassandraObjectPlacement {
         Ok(row.and_then(|(server, _)| server))
     }
 
-    /// Places `kind/id` on `server`, unless another active server holds it: exactly one of
-    /// several servers placing one object at once succeeds; the others get
+    /// Places `kind/id` on `server`, unless another server that is not gone holds it: exactly
+    /// one of several servers placing one object at once succeeds; the others get
     /// [`RioStoreError::PlacedElsewhere`] (or `Fenced` when this process is fenced).
     /// Placing it again on the server that holds it succeeds and writes nothing.
     #[tracing::instrument(skip(self), fields(cluster = %self.inner.cluster_id), err)]
@@ -342,15 +347,15 @@ impl CassandraObjectPlacement {
             if owner == server {
                 return self.placed_on(kind, id, server, now);
             }
-            if !owner.is_empty() && self.owner_is_active(&owner).await? {
+            if !owner.is_empty() && self.owner_may_be_serving(&owner).await? {
                 self.unindex(kind, id, server).await.ok();
                 return Err(RioStoreError::PlacedElsewhere {
                     object: object_name(kind, id),
                     owner,
                 });
             }
-            // The owner is not active (rio calls `clean_server` first; a placement it missed
-            // is taken over here), conditionally on it still being the owner.
+            // The owner is gone (rio calls `clean_server` first; a placement it missed is
+            // taken over here), conditionally on it still being the owner.
             let moved = MoveValues {
                 service_id: &self.inner.service_id,
                 cluster_id: &self.inner.cluster_id,
@@ -396,16 +401,17 @@ impl CassandraObjectPlacement {
         Ok(())
     }
 
-    async fn owner_is_active(&self, owner: &str) -> RioStoreResult<bool> {
-        let Some((ip, port)) = owner.rsplit_once(':') else {
+    /// True while the process named by `owner` (`ip:port`) may still serve its objects: it is
+    /// not gone. A placement is taken over, or removed by `clean_server`, only once its owner
+    /// is gone: rio asks for both as soon as the owner is merely inactive, which it may be while
+    /// still serving (MAPPING.md, "Taking over a placement").
+    async fn owner_may_be_serving(&self, owner: &str) -> RioStoreResult<bool> {
+        let Some(ep) = parse_server(owner) else {
             return Ok(false);
         };
-        if endpoint(ip, port).is_err() {
-            return Ok(false);
-        }
         self.inner
             .storage
-            .is_active(ip, port)
+            .may_be_serving(ep)
             .await
             .map_err(|e| RioStoreError::Cassandra {
                 operation: "owner liveness",
@@ -476,11 +482,16 @@ impl CassandraObjectPlacement {
         Ok(deleted)
     }
 
-    /// Removes every placement held by `server` (rio calls this for a server it found
-    /// inactive): each conditionally on `server` still holding it, so an object already
-    /// re-placed elsewhere stays. Returns how many it removed.
+    /// Removes every placement held by `server` once it is gone (rio calls this for a server
+    /// it found inactive, which may still be serving: then it removes nothing): each
+    /// conditionally on `server` still holding it, so an object already re-placed elsewhere
+    /// stays. Returns how many it removed.
     #[tracing::instrument(skip(self), fields(cluster = %self.inner.cluster_id), err)]
     pub async fn clean(&self, server: &str) -> RioStoreResult<usize> {
+        if self.owner_may_be_serving(server).await? {
+            debug!(server, "inactive but not gone: its placements stay");
+            return Ok(0);
+        }
         let objects = self
             .inner
             .cql

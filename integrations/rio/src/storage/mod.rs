@@ -208,6 +208,20 @@ impl CassandraMembershipStorage {
         }
     }
 
+    /// True while a process may still be serving as `ep`: some incarnation there, whatever its
+    /// status, stored an I-am-alive less than `gone_after` ago. rio's "inactive" (two failed
+    /// pings) and even Dead (written by a peer, seen by the server only at its next heartbeat)
+    /// do not stop a server that still heartbeats; its fence does, one period before it is gone
+    /// (see the crate docs, Fencing). One read, not retried: a caller deciding on a takeover
+    /// gives up rather than stall.
+    pub(crate) async fn may_be_serving(&self, ep: SocketAddr) -> Result<bool> {
+        let snapshot = self.inner.table.read_all().await?;
+        let now = Timestamp::now();
+        Ok(snapshot.rows.iter().any(|r| {
+            r.entry.address.endpoint() == ep && !mapping::is_gone(&r.entry, now, self.gone_after())
+        }))
+    }
+
     /// The table the members live in.
     pub fn table(&self) -> &Arc<dyn MembershipTable> {
         &self.inner.table
