@@ -238,6 +238,27 @@ mod placement {
         assert_eq!(b.lookup(&ObjectId::new("Clean", "y")).await.unwrap(), None);
     }
 
+    /// rio calls `remove` on the server whose activation ends (a panic, an admin shutdown):
+    /// a stale activation on a, whose object b holds now, must not delete b's placement.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn remove_on_a_server_that_does_not_hold_the_object_deletes_nothing() {
+        let cluster = unique("remove");
+        let (_sa, a, _addr_a) = server(options(&cluster, false), 9001).await;
+        let (_sb, b, addr_b) = server(options(&cluster, false), 9002).await;
+        b.update(item("Remove", "o", &addr_b)).await.unwrap();
+        a.remove(&ObjectId::new("Remove", "o")).await.unwrap();
+        assert_eq!(
+            b.lookup(&ObjectId::new("Remove", "o"))
+                .await
+                .unwrap()
+                .as_ref(),
+            Some(&addr_b),
+            "b's live placement stays"
+        );
+        b.remove(&ObjectId::new("Remove", "o")).await.unwrap();
+        assert_eq!(b.lookup(&ObjectId::new("Remove", "o")).await.unwrap(), None);
+    }
+
     /// With expiry on: a live server's placement stays for 2 × TTL (sampled every 250 ms);
     /// once the server is gone, it expires — never before its membership entry.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

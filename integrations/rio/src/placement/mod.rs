@@ -527,8 +527,9 @@ impl CassandraObjectPlacement {
         Ok(removed)
     }
 
-    /// Removes the placement of `kind/id`, whoever holds it (conditionally on the holder read,
-    /// so a placement made meanwhile stays). True when one was removed.
+    /// Removes the placement of `kind/id` if this process's server holds it (rio calls this on
+    /// the server whose activation ends: a stale activation elsewhere must not delete the live
+    /// holder's placement), conditionally on that holder. True when one was removed.
     #[tracing::instrument(skip(self), fields(cluster = %self.inner.cluster_id), err)]
     pub async fn unassign(&self, kind: &str, id: &str) -> RioStoreResult<bool> {
         let known = self
@@ -537,7 +538,10 @@ impl CassandraObjectPlacement {
             .map(|(s, _)| s.clone());
         let holder = match known {
             Some(s) => Some(s),
-            None => self.read_server(kind, id, false).await?,
+            None => self
+                .read_server(kind, id, false)
+                .await?
+                .filter(|s| parse_server(s).is_some_and(|ep| self.inner.storage.is_own(ep))),
         };
         match holder {
             Some(server) => self.unplace(kind, id, &server).await,

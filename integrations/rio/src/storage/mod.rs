@@ -222,6 +222,11 @@ impl CassandraMembershipStorage {
         }))
     }
 
+    /// True when this value pushed a member at `ep` (this process is that server).
+    pub(crate) fn is_own(&self, ep: SocketAddr) -> bool {
+        self.own().contains_key(&ep)
+    }
+
     /// The table the members live in.
     pub fn table(&self) -> &Arc<dyn MembershipTable> {
         &self.inner.table
