@@ -259,6 +259,27 @@ mod placement {
         assert_eq!(b.lookup(&ObjectId::new("Remove", "o")).await.unwrap(), None);
     }
 
+    /// A server restarted at the same address finds its old placements naming it: rio then
+    /// never calls `update` for them, so the store must renew them from the lookup on, or they
+    /// expire while served.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restarted_server_renews_the_placements_its_lookups_find_naming_it() {
+        let cluster = unique("adopt");
+        let (sa, a, addr_a) = server(options(&cluster, true), 9001).await;
+        a.update(item("Adopt", "o", &addr_a)).await.unwrap();
+        assert_eq!(a.placed_count(), 1);
+        drop((sa, a));
+        let (_sa2, a2, _) = server(options(&cluster, true), 9001).await;
+        assert_eq!(
+            a2.lookup(&ObjectId::new("Adopt", "o"))
+                .await
+                .unwrap()
+                .as_ref(),
+            Some(&addr_a)
+        );
+        assert_eq!(a2.placed_count(), 1, "renewed from now on");
+    }
+
     /// With expiry on: a live server's placement stays for 2 × TTL (sampled every 250 ms);
     /// once the server is gone, it expires — never before its membership entry.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -275,7 +275,28 @@ impl CassandraObjectPlacement {
     #[tracing::instrument(skip(self), fields(cluster = %self.inner.cluster_id), err)]
     pub async fn lookup_server(&self, kind: &str, id: &str) -> RioStoreResult<Option<String>> {
         self.check_fence()?;
-        self.read_server(kind, id, false).await
+        let server = self.read_server(kind, id, false).await?;
+        if let Some(s) = &server {
+            self.adopt(kind, id, s);
+        }
+        Ok(server)
+    }
+
+    /// A placement naming this process's server that this value did not make (a restart at
+    /// the same address, or a placement whose answer was lost): rio serves it without calling
+    /// `update`, so it is renewed from now on, or it would expire while served.
+    fn adopt(&self, kind: &str, id: &str, server: &str) {
+        if self.inner.ttl == 0
+            || !parse_server(server).is_some_and(|ep| self.inner.storage.is_own(ep))
+        {
+            return;
+        }
+        let key = (kind.to_owned(), id.to_owned());
+        let mut placed = self.placed();
+        if !placed.contains_key(&key) {
+            debug!(object = %object_name(kind, id), "placement naming this server adopted for renewal");
+            placed.insert(key, (server.to_owned(), Timestamp::now()));
+        }
     }
 
     async fn read_server(
