@@ -39,9 +39,10 @@ const TABLE: &str = "rio_members";
 const SERVICE: &str = "rio-example";
 const TTL: Duration = Duration::from_secs(5);
 const HEARTBEAT: Duration = Duration::from_secs(1);
-/// States live this long after their last save: long enough for the demo's pauses, short
-/// enough that the demo leaves nothing behind.
-const STATE_TTL: Duration = Duration::from_secs(10);
+/// States live this long after their last save: longer than the failover window (`greet`
+/// retries for 30 s), so a state saved just before a server dies is still there when its object
+/// is activated elsewhere; short enough that the demo leaves nothing behind.
+const STATE_TTL: Duration = Duration::from_secs(35);
 
 fn options(cluster: &str) -> CassandraClusteringOptions {
     let points: Vec<String> = std::env::var("CASSANDRA_CONTACT_POINTS")
@@ -150,14 +151,17 @@ impl Handler<Hello> for Greeter {
         let mut next = self.greetings.clone();
         next.total += 1;
         let saved = std::mem::replace(&mut self.greetings, next);
-        // Saved before answering: a greeting counts once it is stored. A save refused because
-        // another activation wrote first answers an error and keeps the old count.
-        if self
-            .save_state::<Greetings, _>(app_data.get::<CassandraState>())
-            .await
-            .is_err()
-        {
+        // Saved before answering: a greeting counts once it is stored. A refused save (another
+        // activation wrote first, or this one started from a default state because its load
+        // failed) answers an error, and the state is loaded again: rio keeps this activation,
+        // so without the reload every later save would be refused too, and it would serve a
+        // stale count.
+        let store = app_data.get::<CassandraState>();
+        if self.save_state::<Greetings, _>(store).await.is_err() {
             self.greetings = saved;
+            if let Err(e) = self.load_state::<Greetings, _>(store).await {
+                tracing::warn!(error = ?e, "reload after a refused save failed");
+            }
             return Err(NotSaved);
         }
         self.this_activation += 1;
