@@ -81,7 +81,7 @@ impl StateOptions {
 ///
 /// **No silent overwrite.** A value remembers the version it loaded or last saved of each state
 /// and saves conditionally on it (`IF version = …`); the first save of a state that it never saw
-/// is an `IF NOT EXISTS` insert. So when two activations of one object exist at once (one on a
+/// is conditional on there being none (`IF version = null`). So when two activations of one object exist at once (one on a
 /// server that was taken for dead), the first save wins and the other gets
 /// [`RioStoreError::StateConflict`] (rio: `LoadStateError::Unknown`) — it must reload before it
 /// saves again, and a new activation does. A save whose answer is lost is settled by a serial
@@ -227,7 +227,9 @@ impl CassandraState {
             .maybe_first_row::<(Option<i64>, Option<Vec<u8>>, Option<Uuid>)>()
             .map_err(|e| self.corrupt(e.to_string()))?;
         Ok(match row {
-            None => None,
+            // A row whose cells expired before its row marker (saves with different TTLs) holds
+            // no state: absent, and the first save's `IF version = null` takes it.
+            None | Some((None, None, _)) => None,
             Some((Some(version), Some(state), write_id)) => Some(Stored {
                 version,
                 state,

@@ -280,6 +280,34 @@ mod placement {
         assert_eq!(a2.placed_count(), 1, "renewed from now on");
     }
 
+    /// A row whose cells expired before its row marker (an INSERT with a long TTL, then an
+    /// UPDATE by a server configured with a shorter one) names no server: the object must still
+    /// be placeable, not refused until the marker expires.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_object_whose_placement_row_lost_its_server_can_be_placed() {
+        let cluster = unique("null-server");
+        let (_sa, a, addr_a) = server(options(&cluster, false), 9001).await;
+        let raw = table(options(&cluster, false)).await;
+        raw.session()
+            .query_unpaged(
+                format!(
+                    "INSERT INTO {KEYSPACE}.rio_placements (service_id, cluster_id, object_kind, object_id, placed_at) VALUES (?, ?, 'Null', 'o', 0)"
+                ),
+                (SERVICE, &cluster),
+            )
+            .await
+            .unwrap();
+        assert_eq!(a.lookup(&ObjectId::new("Null", "o")).await.unwrap(), None);
+        a.place("Null", "o", &addr_a).await.unwrap();
+        assert_eq!(
+            a.lookup(&ObjectId::new("Null", "o"))
+                .await
+                .unwrap()
+                .as_ref(),
+            Some(&addr_a)
+        );
+    }
+
     /// With expiry on: a live server's placement stays for 2 × TTL (sampled every 250 ms);
     /// once the server is gone, it expires — never before its membership entry.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -446,6 +474,44 @@ mod state {
             .unwrap()
             .unwrap();
         assert_eq!((stored, version), (counter(2, "b"), 2));
+    }
+
+    /// A state row whose cells expired before its row marker (saves with different TTLs) holds
+    /// no version and no state: it loads as absent and the next save creates the state, instead
+    /// of a load error and an insert refused until the marker expires.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_state_row_without_version_or_state_is_absent_and_can_be_saved() {
+        let id = unique("null-state");
+        let cluster = unique("state");
+        let (a, _) = stores(&cluster).await;
+        let raw = table(options(&cluster, false)).await;
+        raw.session()
+            .query_unpaged(
+                format!(
+                    "INSERT INTO {KEYSPACE}.rio_state (service_id, object_kind, object_id, state_type, written_at) VALUES (?, 'Counter', ?, 'Counter', 0)"
+                ),
+                (SERVICE, &id),
+            )
+            .await
+            .unwrap();
+        assert!(
+            a.load_versioned::<Counter>("Counter", &id, "Counter")
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(
+            a.save_versioned("Counter", &id, "Counter", &counter(1, "a"))
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(
+            a.load_versioned::<Counter>("Counter", &id, "Counter")
+                .await
+                .unwrap(),
+            Some((counter(1, "a"), 1))
+        );
     }
 
     /// Both activations save at once on the version both loaded, 20 times: one wins each time.

@@ -30,7 +30,8 @@ pub(super) struct MoveValues<'a> {
     pub(super) object_id: &'a str,
     pub(super) server: &'a str,
     pub(super) placed_at: CqlTimestamp,
-    pub(super) previous: &'a str,
+    /// `None` binds null: `IF server = null` matches a row whose server cell expired.
+    pub(super) previous: Option<&'a str>,
     pub(super) ttl: i32,
 }
 

@@ -57,7 +57,7 @@ impl CassandraObjectPlacement {
                 object_id: &id,
                 server: &server,
                 placed_at: CqlTimestamp(at.as_millis()),
-                previous: &server,
+                previous: Some(&server),
                 ttl: self.inner.ttl,
             };
             let applied = self

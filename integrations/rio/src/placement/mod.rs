@@ -351,7 +351,7 @@ impl CassandraObjectPlacement {
                 Ok(reply) if reply.applied => return self.placed_on(kind, id, server, now),
                 Ok(reply) => match reply.current("server") {
                     Some(CqlValue::Text(owner)) => owner.clone(),
-                    // A row without a server (a half-expired one): take it over as empty.
+                    // A row without a server (a half-expired one): taken over below.
                     _ => String::new(),
                 },
                 Err(e @ RioStoreError::OutcomeUnknown { .. }) => {
@@ -384,7 +384,10 @@ impl CassandraObjectPlacement {
                 object_id: id,
                 server,
                 placed_at: CqlTimestamp(now.as_millis()),
-                previous: &owner,
+                // A row without a server (its cells expired before its row marker: written
+                // with different TTLs) is taken over on `server = null`, which `''` never
+                // matches.
+                previous: (!owner.is_empty()).then_some(owner.as_str()),
                 ttl: self.inner.ttl,
             };
             match self
@@ -398,7 +401,7 @@ impl CassandraObjectPlacement {
                 .await
             {
                 Ok(reply) if reply.applied => {
-                    info!(object = %object_name(kind, id), previous = %owner, "placement taken over from an inactive server");
+                    info!(object = %object_name(kind, id), previous = %owner, "placement taken over from a gone server");
                     return self.placed_on(kind, id, server, now);
                 }
                 Ok(_) => debug!("another server changed the placement first: reading again"),
