@@ -82,14 +82,45 @@ impl std::fmt::Debug for Cql {
     }
 }
 
+/// What a store's rows are keyed by, which decides how far its Paxos rounds must reach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Keyed {
+    /// By cluster (placements): under `local_quorum` a cluster lives in one data centre, so
+    /// only that data centre writes these rows and `LOCAL_SERIAL` is linearizable for them.
+    Cluster,
+    /// By service only (states, which outlive a cluster): every cluster of the service writes
+    /// the same rows — under `local_quorum`, one cluster per data centre, each activating the
+    /// same object. `LOCAL_SERIAL` would let each data centre's Paxos accept its own save on
+    /// the same version (both apply, the version check defeated), so these always use `SERIAL`:
+    /// state saves and loads then need a quorum of all replicas, and fail — never overwrite —
+    /// while data centres are cut apart. Refusing `local_quorum` for the state store instead
+    /// would leave a multi-DC service with no state store at all.
+    Service,
+}
+
+/// The consistency of plain statements and the serial consistency of conditional ones.
+pub(crate) fn levels(
+    profile: ConsistencyProfile,
+    keyed: Keyed,
+) -> (Consistency, SerialConsistency) {
+    match (profile, keyed) {
+        (ConsistencyProfile::Quorum, _) => (Consistency::Quorum, SerialConsistency::Serial),
+        (ConsistencyProfile::LocalQuorum, Keyed::Cluster) => {
+            (Consistency::LocalQuorum, SerialConsistency::LocalSerial)
+        }
+        (ConsistencyProfile::LocalQuorum, Keyed::Service) => {
+            (Consistency::LocalQuorum, SerialConsistency::Serial)
+        }
+    }
+}
+
 impl Cql {
-    pub(crate) fn new(session: Arc<Session>, options: &CassandraClusteringOptions) -> Self {
-        let (consistency, serial) = match options.consistency {
-            ConsistencyProfile::Quorum => (Consistency::Quorum, SerialConsistency::Serial),
-            ConsistencyProfile::LocalQuorum => {
-                (Consistency::LocalQuorum, SerialConsistency::LocalSerial)
-            }
-        };
+    pub(crate) fn new(
+        session: Arc<Session>,
+        options: &CassandraClusteringOptions,
+        keyed: Keyed,
+    ) -> Self {
+        let (consistency, serial) = levels(options.consistency, keyed);
         Cql {
             session,
             keyspace: options.keyspace.clone(),
@@ -306,6 +337,25 @@ impl CasReply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn states_keyed_by_service_use_serial_paxos_even_under_local_quorum() {
+        use ConsistencyProfile::{LocalQuorum, Quorum};
+        assert_eq!(
+            levels(LocalQuorum, Keyed::Service),
+            (Consistency::LocalQuorum, SerialConsistency::Serial)
+        );
+        assert_eq!(
+            levels(LocalQuorum, Keyed::Cluster),
+            (Consistency::LocalQuorum, SerialConsistency::LocalSerial)
+        );
+        for keyed in [Keyed::Cluster, Keyed::Service] {
+            assert_eq!(
+                levels(Quorum, keyed),
+                (Consistency::Quorum, SerialConsistency::Serial)
+            );
+        }
+    }
 
     #[test]
     fn a_table_id_depends_on_keyspace_and_table_only() {

@@ -174,7 +174,7 @@ impl CassandraState {
                 "the state store needs a membership storage on Cassandra (`connect` or `with_cassandra_table`)",
             ));
         };
-        let cql = Cql::new(Arc::clone(session), membership);
+        let cql = Cql::new(Arc::clone(session), membership, cql::Keyed::Service);
         cql.ddl(cql::CREATE_STATE, &options.table).await?;
         let t = options.table.as_str();
         Ok(CassandraState {

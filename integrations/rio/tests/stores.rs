@@ -514,6 +514,49 @@ mod state {
         );
     }
 
+    /// Under `local_quorum` the state store still runs (its Paxos is `SERIAL`, as states are
+    /// shared by every cluster of the service, one per data centre): the version check holds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_state_store_keeps_its_version_check_under_local_quorum() {
+        let cluster = unique("state-lq");
+        let raw = table(options(&cluster, false)).await;
+        let dc: String = raw
+            .session()
+            .query_unpaged("SELECT data_center FROM system.local", ())
+            .await
+            .unwrap()
+            .into_rows_result()
+            .unwrap()
+            .first_row::<(String,)>()
+            .unwrap()
+            .0;
+        let o = options(&cluster, false)
+            .consistency(cassandra_membership::ConsistencyProfile::LocalQuorum)
+            .local_datacenter(dc);
+        let s = storage(o).await;
+        let a = CassandraState::connect(&s, StateOptions::default())
+            .await
+            .unwrap();
+        let b = CassandraState::connect(&s, StateOptions::default())
+            .await
+            .unwrap();
+        let id = unique("lq");
+        a.save_versioned("Counter", &id, "Counter", &counter(1, "a"))
+            .await
+            .unwrap();
+        assert!(matches!(
+            b.save_versioned("Counter", &id, "Counter", &counter(1, "b"))
+                .await,
+            Err(RioStoreError::StateConflict { .. })
+        ));
+        assert_eq!(
+            b.load_versioned::<Counter>("Counter", &id, "Counter")
+                .await
+                .unwrap(),
+            Some((counter(1, "a"), 1))
+        );
+    }
+
     /// Both activations save at once on the version both loaded, 20 times: one wins each time.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_saves_on_one_version_have_exactly_one_winner() {

@@ -172,7 +172,7 @@ impl CassandraObjectPlacement {
                 "the placement store needs a membership storage on Cassandra (`connect` or `with_cassandra_table`)",
             ));
         };
-        let cql = Cql::new(Arc::clone(session), membership);
+        let cql = Cql::new(Arc::clone(session), membership, cql::Keyed::Cluster);
         cql.ddl(cql::CREATE_PLACEMENTS, &options.table).await?;
         cql.ddl(cql::CREATE_PLACEMENTS_BY_SERVER, &options.server_table)
             .await?;
