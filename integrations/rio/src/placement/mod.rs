@@ -78,8 +78,9 @@ impl PlacementOptions {
 /// - **At most one server per object.** `update` is a conditional insert (`IF NOT EXISTS`, a
 ///   Paxos round on the object's own partition): of two servers racing to place one object,
 ///   exactly one wins; the other gets an error and activates nothing. An existing placement on
-///   a server that is no longer active is taken over conditionally on that owner (`IF server =
-///   …`), so a concurrent takeover by a third server also has one winner.
+///   a server that is gone (no I-am-alive for `gone_after`; merely inactive is not enough, see
+///   MAPPING.md) is taken over conditionally on that owner (`IF server = …`), so a concurrent
+///   takeover by a third server also has one winner.
 /// - **Fenced servers serve nothing.** `lookup` and `update` refuse while this process's member
 ///   may not serve ([`CassandraMembershipStorage::fenced`]), and while the placement renewals
 ///   have failed for longer than their margin: rio looks the object up before every request,
@@ -291,12 +292,12 @@ impl CassandraObjectPlacement {
         {
             return;
         }
-        let key = (kind.to_owned(), id.to_owned());
-        let mut placed = self.placed();
-        if !placed.contains_key(&key) {
-            debug!(object = %object_name(kind, id), "placement naming this server adopted for renewal");
-            placed.insert(key, (server.to_owned(), Timestamp::now()));
-        }
+        self.placed()
+            .entry((kind.to_owned(), id.to_owned()))
+            .or_insert_with(|| {
+                debug!(object = %object_name(kind, id), "placement naming this server adopted for renewal");
+                (server.to_owned(), Timestamp::now())
+            });
     }
 
     async fn read_server(
