@@ -50,7 +50,10 @@ fn options(cluster: &str) -> CassandraClusteringOptions {
 
 /// A membership storage whose session goes through a proxy in front of the first contact point.
 async fn proxied(cluster: &str) -> (RunningProxy, CassandraMembershipStorage) {
-    let o = options(cluster);
+    proxied_with(options(cluster)).await
+}
+
+async fn proxied_with(o: CassandraClusteringOptions) -> (RunningProxy, CassandraMembershipStorage) {
     // The keyspace and tables exist (created without the proxy, with generous timeouts).
     let direct =
         CassandraMembershipStorage::connect(o.clone().request_timeout(Duration::from_secs(30)))
@@ -278,5 +281,59 @@ async fn a_save_after_a_failed_load_never_overwrites_the_stored_state() {
         Some((7, 1)),
         "the stored state is intact"
     );
+    drop(proxy);
+}
+
+/// With expiry on, one placement whose renewal keeps failing (every statement naming it is
+/// answered with a CAS write timeout): the server's other placements are still renewed and
+/// served; only that one is refused once its renewal is overdue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_placement_whose_renewal_fails_does_not_fence_the_others() {
+    let mut m = cassandra_membership::MembershipOptions::default();
+    m.defunct_silo_expiration = Duration::from_secs(5);
+    m.i_am_alive_table_publish_timeout = Duration::from_secs(1);
+    let o = options(&unique("renew-one"))
+        .table("rio_members_ttl5")
+        .ttl(true)
+        .membership(m);
+    let (mut proxy, storage) = proxied_with(o).await;
+    let mut member = rio_rs::cluster::storage::Member::new("127.0.0.1".into(), "9001".into());
+    member.set_active(true);
+    rio_rs::cluster::storage::MembershipStorage::push(&storage, member)
+        .await
+        .unwrap();
+    let placement = CassandraObjectPlacement::connect(&storage, PlacementOptions::default())
+        .await
+        .unwrap();
+    let (bad, good) = (unique("bad"), unique("good"));
+    placement.place("K", &bad, "127.0.0.1:9001").await.unwrap();
+    placement.place("K", &good, "127.0.0.1:9001").await.unwrap();
+    // Every statement naming `bad` from now on fails as if its outcome were unknown.
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    proxy.running_nodes[0].change_request_rules(Some(vec![RequestRule(
+        Condition::RequestOpcode(RequestOpcode::Execute).and(Condition::BodyContainsCaseSensitive(
+            bad.as_bytes().to_vec().into(),
+        )),
+        RequestReaction::forge_with_error(DbError::WriteTimeout {
+            consistency: Consistency::Serial,
+            received: 0,
+            required: 1,
+            write_type: WriteType::Cas,
+        })
+        .with_feedback_when_performed(tx),
+    )]));
+    // The renewal margin: one interval (1 s) + gone_after (3 s).
+    tokio::time::sleep(Duration::from_millis(5500)).await;
+    assert!(fired(&mut rx) >= 2, "the renewals of `bad` failed");
+    assert_eq!(
+        placement
+            .lookup_server("K", &good)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("127.0.0.1:9001"),
+        "a placement renewed on time is served"
+    );
+    assert!(placement.lookup_server("K", &bad).await.is_err());
     drop(proxy);
 }

@@ -8,7 +8,7 @@ use scylla::value::CqlTimestamp;
 use tracing::{debug, warn};
 
 use super::bind::MoveValues;
-use super::{CassandraObjectPlacement, Inner, object_name};
+use super::{CassandraObjectPlacement, Inner, Placed, object_name};
 use crate::error::RioStoreResult;
 
 /// The TTL of placement rows, within Cassandra's limits (0 without expiry): the membership
@@ -38,54 +38,104 @@ pub(crate) fn placement_ttl_seconds(
     i32::try_from(wanted.min(MAX_TTL_SECONDS).min(horizon)).unwrap_or(i32::MAX)
 }
 
+/// How many placements a renewal pass rewrites at once: a pass of thousands finishes within an
+/// interval, and one slow or failing object delays no other.
+const RENEWALS_AT_ONCE: usize = 16;
+
 impl CassandraObjectPlacement {
+    /// Rewrites one placement with a fresh TTL, conditionally on `server` still holding it, and
+    /// its index row. False when it is no longer `server`'s.
+    pub(super) async fn renew_one(
+        &self,
+        kind: &str,
+        id: &str,
+        server: &str,
+        at: Timestamp,
+    ) -> RioStoreResult<bool> {
+        let values = MoveValues {
+            service_id: &self.inner.service_id,
+            cluster_id: &self.inner.cluster_id,
+            object_kind: kind,
+            object_id: id,
+            server,
+            placed_at: CqlTimestamp(at.as_millis()),
+            previous: Some(server),
+            ttl: self.inner.ttl,
+        };
+        let applied = self
+            .inner
+            .cql
+            .conditional(
+                "renew placement",
+                &self.inner.statements.move_placement,
+                values,
+            )
+            .await?
+            .applied;
+        if applied {
+            self.index(kind, id, server).await?;
+        }
+        Ok(applied)
+    }
+
     /// Rewrites every placement this value made with a fresh TTL, conditionally on its server
-    /// still holding it; a placement lost meanwhile is forgotten. Returns how many it renewed.
-    #[tracing::instrument(skip(self), fields(cluster = %self.inner.cluster_id), err)]
-    pub(crate) async fn renew_all(&self) -> RioStoreResult<usize> {
-        let placed: Vec<((String, String), (String, Timestamp))> = self
+    /// still holding it, [`RENEWALS_AT_ONCE`] at a time; a placement lost meanwhile is
+    /// forgotten, one whose renewal fails is tried again next pass (and refused by `lookup`
+    /// once overdue). Returns how many it renewed and how many failed.
+    #[tracing::instrument(skip(self), fields(cluster = %self.inner.cluster_id))]
+    pub(crate) async fn renew_all(&self) -> (usize, usize) {
+        let placed: Vec<((String, String), Placed)> = self
             .placed()
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let mut renewed = 0;
-        for ((kind, id), (server, at)) in placed {
-            let values = MoveValues {
-                service_id: &self.inner.service_id,
-                cluster_id: &self.inner.cluster_id,
-                object_kind: &kind,
-                object_id: &id,
-                server: &server,
-                placed_at: CqlTimestamp(at.as_millis()),
-                previous: Some(&server),
-                ttl: self.inner.ttl,
+        let mut pending = placed.into_iter();
+        let mut tasks = tokio::task::JoinSet::new();
+        let (mut renewed, mut failed) = (0, 0);
+        loop {
+            while tasks.len() < RENEWALS_AT_ONCE {
+                let Some(((kind, id), p)) = pending.next() else {
+                    break;
+                };
+                let this = self.clone();
+                tasks.spawn(async move {
+                    let started = tokio::time::Instant::now();
+                    let result = this.renew_one(&kind, &id, &p.server, p.at).await;
+                    (kind, id, p.server, started, result)
+                });
+            }
+            let Some(done) = tasks.join_next().await else {
+                break;
             };
-            let applied = self
-                .inner
-                .cql
-                .conditional(
-                    "renew placement",
-                    &self.inner.statements.move_placement,
-                    values,
-                )
-                .await?
-                .applied;
-            if applied {
-                self.index(&kind, &id, &server).await?;
-                renewed += 1;
-            } else {
-                debug!(object = %object_name(&kind, &id), "placement lost meanwhile: no longer renewed");
-                {
-                    let key = (kind.clone(), id.clone());
-                    let mut p = self.placed();
-                    if p.get(&key).is_some_and(|(s, _)| *s == server) {
-                        p.remove(&key);
+            let Ok((kind, id, server, started, result)) = done else {
+                failed += 1; // a renewal task panicked: tried again next pass
+                continue;
+            };
+            let key = (kind.clone(), id.clone());
+            match result {
+                Ok(true) => {
+                    renewed += 1;
+                    if let Some(p) = self.placed().get_mut(&key).filter(|p| p.server == server) {
+                        p.renewed = p.renewed.max(started);
                     }
                 }
-                self.unindex(&kind, &id, &server).await.ok();
+                Ok(false) => {
+                    debug!(object = %object_name(&kind, &id), "placement lost meanwhile: no longer renewed");
+                    {
+                        let mut p = self.placed();
+                        if p.get(&key).is_some_and(|p| p.server == server) {
+                            p.remove(&key);
+                        }
+                    }
+                    self.unindex(&kind, &id, &server).await.ok();
+                }
+                Err(e) => {
+                    failed += 1;
+                    warn!(object = %object_name(&kind, &id), error = %e.chain(), "placement renewal failed: tried again next interval");
+                }
             }
         }
-        Ok(renewed)
+        (renewed, failed)
     }
 }
 
@@ -102,19 +152,8 @@ pub(super) async fn renew(inner: Weak<Inner>, every: Duration) {
             warn!(%server, ?health, "member is final: its placements are no longer renewed");
             return;
         }
-        let started = tokio::time::Instant::now();
-        match placement.renew_all().await {
-            Ok(n) => {
-                *placement
-                    .inner
-                    .renewed
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()) = started;
-                debug!(renewed = n, "placements renewed");
-            }
-            // Retried at the next interval: the rows carry one interval of margin.
-            Err(e) => warn!(error = %e.chain(), "placement renewal failed"),
-        }
+        let (renewed, failed) = placement.renew_all().await;
+        debug!(renewed, failed, "placements renewed");
     }
 }
 

@@ -106,13 +106,23 @@ struct Inner {
     storage: CassandraMembershipStorage,
     /// The TTL of every row, seconds; 0 without expiry.
     ttl: i32,
-    /// The objects this value placed, with the server it placed them on and when.
-    placed: Mutex<HashMap<(String, String), (String, Timestamp)>>,
+    /// The objects this value placed (or adopted), by (kind, id).
+    placed: Mutex<HashMap<(String, String), Placed>>,
     renewer: Mutex<Option<JoinHandle<()>>>,
-    /// With expiry: how long after the last complete renewal the placements are still sure to
-    /// be stored (the margin their TTL has beyond the entry's), and when that renewal ran.
+    /// With expiry: how long after its last renewal a placement is still sure to be stored (the
+    /// margin its TTL has beyond the entry's).
     renewal_margin: Option<Duration>,
-    renewed: Mutex<tokio::time::Instant>,
+}
+
+/// A placement this value renews.
+#[derive(Clone, Debug)]
+pub(crate) struct Placed {
+    /// The server it names (this process's).
+    pub(crate) server: String,
+    /// Its `placed_at`, written again by every renewal.
+    pub(crate) at: Timestamp,
+    /// When the last write that gave it a fresh TTL started (placing, adopting or renewing).
+    pub(crate) renewed: tokio::time::Instant,
 }
 
 impl Drop for Inner {
@@ -208,7 +218,6 @@ impl CassandraObjectPlacement {
                 placed: Mutex::default(),
                 renewer: Mutex::default(),
                 renewal_margin,
-                renewed: Mutex::new(tokio::time::Instant::now()),
             }),
         };
         if let Some(every) = renewal {
@@ -222,7 +231,7 @@ impl CassandraObjectPlacement {
         self.inner.renewer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn placed(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), (String, Timestamp)>> {
+    fn placed(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Placed>> {
         // Single inserts and removes: a panic while holding it leaves the map consistent.
         self.inner.placed.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -253,23 +262,32 @@ impl CassandraObjectPlacement {
                 health: format!("{health:?}"),
             });
         }
-        // Placements whose renewals kept failing may lapse while this server still hosts their
-        // objects: serve none until a renewal succeeds (membership writes usually fail first).
-        if let Some(margin) = self.inner.renewal_margin {
-            let since = self
-                .inner
-                .renewed
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .elapsed();
-            if since > margin {
-                return Err(RioStoreError::Fenced {
-                    server: "this server".to_owned(),
-                    health: format!("placement renewals failing for {since:?}"),
-                });
-            }
-        }
         Ok(())
+    }
+
+    /// A placement whose renewals kept failing may lapse while this server still hosts its
+    /// object: that object is not served until a renewal succeeds. Per object: one placement
+    /// whose renewal fails (or a pass too long to finish in time) fences no other.
+    fn check_renewed(&self, kind: &str, id: &str, server: &str) -> RioStoreResult<()> {
+        let Some(margin) = self.inner.renewal_margin else {
+            return Ok(());
+        };
+        let since = self
+            .placed()
+            .get(&(kind.to_owned(), id.to_owned()))
+            .filter(|p| p.server == server)
+            .map(|p| p.renewed.elapsed());
+        match since {
+            Some(since) if since > margin => Err(RioStoreError::Fenced {
+                server: server.to_owned(),
+                health: format!(
+                    "the renewal of {} is overdue by {:?}",
+                    object_name(kind, id),
+                    since - margin
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// The server `kind/id` is placed on, if any. Refused while this process is fenced.
@@ -277,27 +295,47 @@ impl CassandraObjectPlacement {
     pub async fn lookup_server(&self, kind: &str, id: &str) -> RioStoreResult<Option<String>> {
         self.check_fence()?;
         let server = self.read_server(kind, id, false).await?;
-        if let Some(s) = &server {
-            self.adopt(kind, id, s);
+        if let Some(s) = &server
+            && self.inner.ttl > 0
+            && parse_server(s).is_some_and(|ep| self.inner.storage.is_own(ep))
+        {
+            let known = self
+                .placed()
+                .get(&(kind.to_owned(), id.to_owned()))
+                .is_some_and(|p| p.server == *s);
+            if known {
+                self.check_renewed(kind, id, s)?;
+            } else {
+                self.adopt(kind, id, s).await?;
+            }
         }
         Ok(server)
     }
 
     /// A placement naming this process's server that this value did not make (a restart at
     /// the same address, or a placement whose answer was lost): rio serves it without calling
-    /// `update`, so it is renewed from now on, or it would expire while served.
-    fn adopt(&self, kind: &str, id: &str, server: &str) {
-        if self.inner.ttl == 0
-            || !parse_server(server).is_some_and(|ep| self.inner.storage.is_own(ep))
-        {
-            return;
+    /// `update`, so it is renewed at once (its remaining TTL is unknown) and from then on, or
+    /// it would expire while served.
+    async fn adopt(&self, kind: &str, id: &str, server: &str) -> RioStoreResult<()> {
+        let started = tokio::time::Instant::now();
+        let at = Timestamp::now();
+        if self.renew_one(kind, id, server, at).await? {
+            debug!(object = %object_name(kind, id), "placement naming this server adopted for renewal");
+            self.placed().insert(
+                (kind.to_owned(), id.to_owned()),
+                Placed {
+                    server: server.to_owned(),
+                    at,
+                    renewed: started,
+                },
+            );
+            Ok(())
+        } else {
+            Err(RioStoreError::PlacedElsewhere {
+                object: object_name(kind, id),
+                owner: "another server (it changed meanwhile)".to_owned(),
+            })
         }
-        self.placed()
-            .entry((kind.to_owned(), id.to_owned()))
-            .or_insert_with(|| {
-                debug!(object = %object_name(kind, id), "placement naming this server adopted for renewal");
-                (server.to_owned(), Timestamp::now())
-            });
     }
 
     async fn read_server(
@@ -330,6 +368,7 @@ impl CassandraObjectPlacement {
     pub async fn place(&self, kind: &str, id: &str, server: &str) -> RioStoreResult<()> {
         self.check_fence()?;
         let now = Timestamp::now();
+        let started = tokio::time::Instant::now();
         // The index row first: a placement is never without it, so `clean_server` finds it.
         self.index(kind, id, server).await?;
         let values = PlaceValues {
@@ -349,7 +388,9 @@ impl CassandraObjectPlacement {
                 .conditional("place", &self.inner.statements.place, &values)
                 .await
             {
-                Ok(reply) if reply.applied => return self.placed_on(kind, id, server, now),
+                Ok(reply) if reply.applied => {
+                    return self.placed_on(kind, id, server, now, started);
+                }
                 Ok(reply) => match reply.current("server") {
                     Some(CqlValue::Text(owner)) => owner.clone(),
                     // A row without a server (a half-expired one): taken over below.
@@ -358,7 +399,9 @@ impl CassandraObjectPlacement {
                 Err(e @ RioStoreError::OutcomeUnknown { .. }) => {
                     // Settled by a linearizable read: the row names us exactly when it applied.
                     match self.read_server(kind, id, true).await {
-                        Ok(Some(s)) if s == server => return self.placed_on(kind, id, server, now),
+                        Ok(Some(s)) if s == server => {
+                            return self.placed_on(kind, id, server, now, started);
+                        }
                         Ok(Some(s)) => s,
                         Ok(None) => continue,
                         Err(_) => return Err(e),
@@ -367,7 +410,7 @@ impl CassandraObjectPlacement {
                 Err(e) => return Err(e),
             };
             if owner == server {
-                return self.placed_on(kind, id, server, now);
+                return self.placed_on(kind, id, server, now, started);
             }
             if !owner.is_empty() && self.owner_may_be_serving(&owner).await? {
                 self.unindex(kind, id, server).await.ok();
@@ -403,7 +446,7 @@ impl CassandraObjectPlacement {
             {
                 Ok(reply) if reply.applied => {
                     info!(object = %object_name(kind, id), previous = %owner, "placement taken over from a gone server");
-                    return self.placed_on(kind, id, server, now);
+                    return self.placed_on(kind, id, server, now, started);
                 }
                 Ok(_) => debug!("another server changed the placement first: reading again"),
                 Err(RioStoreError::OutcomeUnknown { .. }) => {}
@@ -412,7 +455,7 @@ impl CassandraObjectPlacement {
         }
         self.unindex(kind, id, server).await.ok();
         match self.read_server(kind, id, true).await? {
-            Some(s) if s == server => self.placed_on(kind, id, server, now),
+            Some(s) if s == server => self.placed_on(kind, id, server, now, started),
             owner => Err(RioStoreError::PlacedElsewhere {
                 object: object_name(kind, id),
                 owner: owner.unwrap_or_default(),
@@ -420,10 +463,25 @@ impl CassandraObjectPlacement {
         }
     }
 
-    fn placed_on(&self, kind: &str, id: &str, server: &str, at: Timestamp) -> RioStoreResult<()> {
-        self.placed()
-            .insert((kind.to_owned(), id.to_owned()), (server.to_owned(), at));
-        Ok(())
+    fn placed_on(
+        &self,
+        kind: &str,
+        id: &str,
+        server: &str,
+        at: Timestamp,
+        started: tokio::time::Instant,
+    ) -> RioStoreResult<()> {
+        self.placed().insert(
+            (kind.to_owned(), id.to_owned()),
+            Placed {
+                server: server.to_owned(),
+                at,
+                renewed: started,
+            },
+        );
+        // A place that took long (rio holds its placement lock meanwhile) may end after this
+        // server was fenced: then it serves nothing, though the placement stays its own.
+        self.check_fence()
     }
 
     /// True while the process named by `owner` (`ip:port`) may still serve its objects: it is
@@ -501,7 +559,7 @@ impl CassandraObjectPlacement {
         self.unindex(kind, id, server).await?;
         let key = (kind.to_owned(), id.to_owned());
         let mut placed = self.placed();
-        if placed.get(&key).is_some_and(|(s, _)| s == server) {
+        if placed.get(&key).is_some_and(|p| p.server == server) {
             placed.remove(&key);
         }
         Ok(deleted)
@@ -560,7 +618,7 @@ impl CassandraObjectPlacement {
         let known = self
             .placed()
             .get(&(kind.to_owned(), id.to_owned()))
-            .map(|(s, _)| s.clone());
+            .map(|p| p.server.clone());
         let holder = match known {
             Some(s) => Some(s),
             None => self
