@@ -679,6 +679,104 @@ mod fencing {
         assert!(s.fenced().is_some(), "{health:?}");
     }
 
+    /// A place that takes long (its owner check waits on a slow read) while the server's lease
+    /// falls at risk: it must not return Ok — rio would activate and serve the object on a
+    /// fenced server.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_place_that_ends_after_the_fence_serves_nothing() {
+        let cluster = unique("slow-place");
+        let o = || options(&cluster, false);
+        let real = table(o()).await;
+        let faulty = Arc::new(FaultyTable::new(Arc::new(table(o()).await)));
+        let rio = RioStorageOptions::from_membership(&o().membership);
+        let s = CassandraMembershipStorage::with_wrapped_table(faulty.clone(), &real, rio)
+            .await
+            .unwrap();
+        let mut m = Member::new("127.0.0.1".into(), "9001".into());
+        m.set_active(true);
+        s.push(m).await.unwrap();
+        let p = CassandraObjectPlacement::connect(&s, PlacementOptions::default())
+            .await
+            .unwrap();
+        until("healthy", Duration::from_secs(10), async || {
+            matches!(
+                s.health("127.0.0.1", "9001"),
+                Some(SiloHealth::Healthy { .. })
+            )
+        })
+        .await;
+        // Held by a server that never joined: taken over after one membership read.
+        p.place("Slow", "o", "127.0.0.1:9999").await.unwrap();
+        let gate = cassandra_membership::conformance::faults::Gate::new();
+        let held =
+            faulty.inject(Injection::hold(Calls::any_of([Operation::ReadAll]), &gate).times(1));
+        let placing = tokio::spawn({
+            let p = p.clone();
+            async move { p.place("Slow", "o", "127.0.0.1:9001").await }
+        });
+        until(
+            "the owner check waiting",
+            Duration::from_secs(5),
+            async || gate.arrived() >= 1,
+        )
+        .await;
+        let down = faulty.inject(Injection::unavailable(
+            Calls::any_of([Operation::UpdateIAmAlive]),
+            "injected: heartbeat unavailable",
+        ));
+        until("fenced", Duration::from_secs(8), async || {
+            matches!(s.fenced(), Some((_, SiloHealth::LeaseAtRisk { .. })))
+        })
+        .await;
+        gate.release();
+        let placed = placing.await.unwrap();
+        // Fenced (checked again before Ok), or out of time (the serve window ends about when
+        // the fence does): never Ok.
+        assert!(
+            matches!(
+                placed,
+                Err(RioStoreError::Fenced { .. } | RioStoreError::OutcomeUnknown { .. })
+            ),
+            "{placed:?}"
+        );
+        faulty.clear(down);
+        faulty.clear(held);
+    }
+
+    /// rio holds its placement lock while `update` runs, so every lookup of the server waits
+    /// for it: a place whose reads hang gives up after the fence's serve window
+    /// (`gone_after` − one period, 2 s here) instead of stalling the server.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_place_that_hangs_gives_up_within_the_fence_window() {
+        let cluster = unique("hung-place");
+        let o = || options(&cluster, false);
+        let real = table(o()).await;
+        let faulty = Arc::new(FaultyTable::new(Arc::new(table(o()).await)));
+        let rio = RioStorageOptions::from_membership(&o().membership);
+        let s = CassandraMembershipStorage::with_wrapped_table(faulty.clone(), &real, rio)
+            .await
+            .unwrap();
+        let mut m = Member::new("127.0.0.1".into(), "9001".into());
+        m.set_active(true);
+        s.push(m).await.unwrap();
+        let p = CassandraObjectPlacement::connect(&s, PlacementOptions::default())
+            .await
+            .unwrap();
+        p.place("Hung", "o", "127.0.0.1:9999").await.unwrap();
+        let held = faulty.inject(Injection::hang(Calls::any_of([Operation::ReadAll])));
+        let t0 = Instant::now();
+        let placed = tokio::time::timeout(
+            Duration::from_secs(6),
+            p.place("Hung", "o", "127.0.0.1:9001"),
+        )
+        .await
+        .expect("the place gives up by itself");
+        let took = t0.elapsed();
+        faulty.clear(held);
+        assert!(placed.is_err(), "{placed:?}");
+        assert!(took < Duration::from_secs(3), "{took:?}");
+    }
+
     /// A rio server whose heartbeats fail: past the fence horizon it answers every request
     /// with an error and handles none; healthy again, it serves; declared Dead, its `run`
     /// returns and its port is closed.

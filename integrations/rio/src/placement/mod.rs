@@ -364,8 +364,26 @@ impl CassandraObjectPlacement {
     /// one of several servers placing one object at once succeeds; the others get
     /// [`RioStoreError::PlacedElsewhere`] (or `Fenced` when this process is fenced).
     /// Placing it again on the server that holds it succeeds and writes nothing.
+    ///
+    /// Gives up with [`RioStoreError::OutcomeUnknown`] after the fence's serve window
+    /// (`gone_after` − one heartbeat period): rio holds its placement lock meanwhile, so every
+    /// lookup of the server waits for it, and no placement is worth longer than the server may
+    /// serve without a fresh heartbeat. A placement written nonetheless names this server and
+    /// is adopted by the next lookup.
     #[tracing::instrument(skip(self), fields(cluster = %self.inner.cluster_id), err)]
     pub async fn place(&self, kind: &str, id: &str, server: &str) -> RioStoreResult<()> {
+        let o = self.inner.storage.options();
+        let window = o.gone_after().saturating_sub(o.heartbeat_period);
+        match tokio::time::timeout(window, self.place_now(kind, id, server)).await {
+            Ok(placed) => placed,
+            Err(_) => Err(RioStoreError::OutcomeUnknown {
+                operation: "place",
+                source: format!("no decision within {window:?} (gone_after − one period)").into(),
+            }),
+        }
+    }
+
+    async fn place_now(&self, kind: &str, id: &str, server: &str) -> RioStoreResult<()> {
         self.check_fence()?;
         let now = Timestamp::now();
         let started = tokio::time::Instant::now();
