@@ -101,6 +101,8 @@ struct Inner {
     load: PreparedStatement,
     insert: PreparedStatement,
     update: PreparedStatement,
+    /// The membership whose fence a save respects.
+    storage: CassandraMembershipStorage,
     /// The version each state had when this value last loaded or saved it (`None`: absent).
     versions: Mutex<HashMap<StateKey, Option<i64>>>,
 }
@@ -185,6 +187,7 @@ impl CassandraState {
                 cql,
                 service_id: membership.service_id.clone(),
                 options,
+                storage: storage.clone(),
                 versions: Mutex::default(),
             }),
         })
@@ -337,7 +340,8 @@ impl CassandraState {
 
     /// Saves `data` as `kind/id`'s `state_type`, conditionally on the version this value last
     /// loaded or saved (or on there being none, if it never saw one); returns the new version.
-    /// [`RioStoreError::StateConflict`] when another writer was first: nothing was written.
+    /// [`RioStoreError::StateConflict`] when another writer was first: nothing was written;
+    /// [`RioStoreError::Fenced`] while this process's member may not serve.
     #[tracing::instrument(skip(self, data), fields(service = %self.inner.service_id), err)]
     pub async fn save_versioned<T: Serialize + ?Sized>(
         &self,
@@ -351,6 +355,14 @@ impl CassandraState {
             state_type: state_type.to_owned(),
             source,
         })?;
+        // A late save from a server at risk (or final) could win the version check against the
+        // object's next holder, making that one the loser: refused, nothing written.
+        if let Some((server, health)) = self.inner.storage.fenced() {
+            return Err(RioStoreError::Fenced {
+                server: server.to_string(),
+                health: format!("{health:?}"),
+            });
+        }
         let key = (kind.to_owned(), id.to_owned(), state_type.to_owned());
         let expected = self.versions().get(&key).copied().flatten();
         let version = expected.map_or(1, |v| v.saturating_add(1));

@@ -777,6 +777,50 @@ mod fencing {
         assert!(took < Duration::from_secs(3), "{took:?}");
     }
 
+    /// A late save from a server whose lease is at risk would make the object's next holder
+    /// the loser of the version check: the state store refuses it, writing nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fenced_server_saves_no_state() {
+        let cluster = unique("fenced-save");
+        let o = || options(&cluster, false);
+        let real = table(o()).await;
+        let faulty = Arc::new(FaultyTable::new(Arc::new(table(o()).await)));
+        let rio = RioStorageOptions::from_membership(&o().membership);
+        let s = CassandraMembershipStorage::with_wrapped_table(faulty.clone(), &real, rio)
+            .await
+            .unwrap();
+        let mut m = Member::new("127.0.0.1".into(), "9001".into());
+        m.set_active(true);
+        s.push(m).await.unwrap();
+        let state = CassandraState::connect(&s, StateOptions::default())
+            .await
+            .unwrap();
+        let id = unique("o");
+        state.save_versioned("K", &id, "S", &1u32).await.unwrap();
+        let down = faulty.inject(Injection::unavailable(
+            Calls::any_of([Operation::UpdateIAmAlive]),
+            "injected: heartbeat unavailable",
+        ));
+        until("fenced", Duration::from_secs(8), async || {
+            matches!(s.fenced(), Some((_, SiloHealth::LeaseAtRisk { .. })))
+        })
+        .await;
+        let late = state.save_versioned("K", &id, "S", &2u32).await;
+        assert!(
+            matches!(late, Err(RioStoreError::Fenced { .. })),
+            "{late:?}"
+        );
+        faulty.clear(down);
+        let observer = CassandraState::connect(&storage(o()).await, StateOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            observer.load_versioned::<u32>("K", &id, "S").await.unwrap(),
+            Some((1, 1)),
+            "nothing written"
+        );
+    }
+
     /// A rio server whose heartbeats fail: past the fence horizon it answers every request
     /// with an error and handles none; healthy again, it serves; declared Dead, its `run`
     /// returns and its port is closed.
