@@ -308,6 +308,37 @@ mod placement {
         );
     }
 
+    /// rio's server accepts requests before its provider has pushed its member: until then
+    /// nobody can see it, fence it or take its objects over once it stops, so rio's `update`
+    /// places nothing on it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_that_is_not_a_member_yet_places_nothing() {
+        let cluster = unique("not-yet");
+        let s = storage(options(&cluster, false)).await;
+        let p = CassandraObjectPlacement::connect(&s, PlacementOptions::default())
+            .await
+            .unwrap();
+        assert!(
+            p.update(item("NotYet", "o", "127.0.0.1:9001"))
+                .await
+                .is_err()
+        );
+        assert_eq!(p.lookup(&ObjectId::new("NotYet", "o")).await.unwrap(), None);
+        let mut m = Member::new("127.0.0.1".into(), "9001".into());
+        m.set_active(true);
+        s.push(m).await.unwrap();
+        p.update(item("NotYet", "o", "127.0.0.1:9001"))
+            .await
+            .unwrap();
+        assert_eq!(
+            p.lookup(&ObjectId::new("NotYet", "o"))
+                .await
+                .unwrap()
+                .as_deref(),
+            Some("127.0.0.1:9001")
+        );
+    }
+
     /// With expiry on: a live server's placement stays for 2 × TTL (sampled every 250 ms);
     /// once the server is gone, it expires — never before its membership entry.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -667,6 +667,17 @@ impl ObjectPlacement for CassandraObjectPlacement {
     async fn update(&self, item: ObjectPlacementItem) -> Result<(), ObjectPlacementError> {
         let ObjectId(kind, id) = &item.object_id;
         match &item.server_address {
+            // rio places an object on the server the request reached, and its server accepts
+            // requests before its provider has pushed its member: until then nobody can see
+            // it, fence it, or take its objects over once it stops.
+            Some(server)
+                if !parse_server(server).is_some_and(|ep| self.inner.storage.is_own(ep)) =>
+            {
+                Err(rio_error(RioStoreError::Fenced {
+                    server: server.clone(),
+                    health: "not a member yet (its provider has not pushed it)".to_owned(),
+                }))
+            }
             Some(server) => self.place(kind, id, server).await.map_err(rio_error),
             None => self.unassign(kind, id).await.map(drop).map_err(rio_error),
         }
