@@ -403,7 +403,12 @@ impl CassandraState {
                                 "the save whose answer was lost did not apply: sending it again"
                             );
                         }
-                        Ok(s) => break s.map(|s| s.version),
+                        // Another writer holds the very version this save would have written:
+                        // this one, conditional on the version before, never applies.
+                        Ok(Some(s)) if s.version == version => break Some(s.version),
+                        // Beyond it (another writer may have saved on top of this save), or
+                        // gone (expired): whether this save applied is not known.
+                        Ok(_) => return Err(e),
                         Err(_) => return Err(e),
                     }
                 }

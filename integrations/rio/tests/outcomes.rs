@@ -337,3 +337,45 @@ async fn one_placement_whose_renewal_fails_does_not_fence_the_others() {
     assert!(placement.lookup_server("K", &bad).await.is_err());
     drop(proxy);
 }
+
+/// A save whose answer is lost, and the serial read then finds a version beyond the one it
+/// wrote, by another writer: the save may have applied (the other saved on top of it) or not.
+/// That is an unknown outcome, not a conflict that "wrote nothing".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_save_overtaken_by_another_writer_is_unknown_not_a_conflict() {
+    let cluster = unique("overtaken");
+    let (mut proxy, storage) = proxied(&cluster).await;
+    let a = CassandraState::connect(&storage, StateOptions::default())
+        .await
+        .unwrap();
+    let direct = CassandraMembershipStorage::connect(
+        options(&cluster).request_timeout(Duration::from_secs(30)),
+    )
+    .await
+    .unwrap();
+    let b = CassandraState::connect(&direct, StateOptions::default())
+        .await
+        .unwrap();
+    let id = unique("object");
+    assert_eq!(a.save_versioned("K", &id, "S", &1u32).await.unwrap(), 1);
+    let mut held = hold_back_next_answer(&mut proxy);
+    let saving = tokio::spawn({
+        let (a, id) = (a.clone(), id.clone());
+        async move { a.save_versioned("K", &id, "S", &2u32).await }
+    });
+    // Within the 1.5 s client timeout: b reads a's save and saves on top of it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        b.load_versioned::<u32>("K", &id, "S").await.unwrap(),
+        Some((2, 2)),
+        "a's save applied"
+    );
+    assert_eq!(b.save_versioned("K", &id, "S", &3u32).await.unwrap(), 3);
+    let answer = saving.await.unwrap();
+    assert_eq!(fired(&mut held), 1, "the fault was injected");
+    assert!(
+        matches!(answer, Err(RioStoreError::OutcomeUnknown { .. })),
+        "{answer:?}"
+    );
+    drop(proxy);
+}
