@@ -246,6 +246,11 @@ mod placement {
         let (_sa, a, _addr_a) = server(options(&cluster, false), 9001).await;
         let (_sb, b, addr_b) = server(options(&cluster, false), 9002).await;
         b.update(item("Remove", "o", &addr_b)).await.unwrap();
+        assert_eq!(
+            b.placed_count(),
+            0,
+            "without expiry nothing is renewed or remembered"
+        );
         a.remove(&ObjectId::new("Remove", "o")).await.unwrap();
         assert_eq!(
             b.lookup(&ObjectId::new("Remove", "o"))

@@ -489,14 +489,18 @@ impl CassandraObjectPlacement {
         at: Timestamp,
         started: tokio::time::Instant,
     ) -> RioStoreResult<()> {
-        self.placed().insert(
-            (kind.to_owned(), id.to_owned()),
-            Placed {
-                server: server.to_owned(),
-                at,
-                renewed: started,
-            },
-        );
+        // Remembered only to be renewed: without expiry the map would only grow (`remove`
+        // reads the holder instead).
+        if self.inner.ttl > 0 {
+            self.placed().insert(
+                (kind.to_owned(), id.to_owned()),
+                Placed {
+                    server: server.to_owned(),
+                    at,
+                    renewed: started,
+                },
+            );
+        }
         // A place that took long (rio holds its placement lock meanwhile) may end after this
         // server was fenced: then it serves nothing, though the placement stays its own.
         self.check_fence()
@@ -650,7 +654,8 @@ impl CassandraObjectPlacement {
         }
     }
 
-    /// How many placements this value made and still renews.
+    /// How many placements this value made (or adopted) and still renews (none without
+    /// storage-side expiry).
     pub fn placed_count(&self) -> usize {
         self.placed().len()
     }
