@@ -379,3 +379,29 @@ async fn a_lost_save_overtaken_by_another_writer_is_unknown_not_a_conflict() {
     );
     drop(proxy);
 }
+
+/// rio's admin `Shutdown` ends `Server::run` on any error of `remove`: a delete whose answer is
+/// a CAS timeout before it reached the node is proven not applied by the serial read and sent
+/// again, and the placement is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remove_whose_delete_never_reached_the_node_is_sent_again() {
+    let (mut proxy, storage) = proxied(&unique("lost-remove")).await;
+    let mut member = rio_rs::cluster::storage::Member::new("127.0.0.1".into(), "9001".into());
+    member.set_active(true);
+    rio_rs::cluster::storage::MembershipStorage::push(&storage, member)
+        .await
+        .unwrap();
+    let placement = CassandraObjectPlacement::connect(&storage, PlacementOptions::default())
+        .await
+        .unwrap();
+    let id = unique("object");
+    placement.place("K", &id, "127.0.0.1:9001").await.unwrap();
+    // remove: a plain read of the holder, then the conditional delete (forged).
+    let mut f = forge_cas_timeout(&mut proxy, &id, 1);
+    rio_rs::object_placement::ObjectPlacement::remove(&placement, &rio_rs::ObjectId::new("K", &id))
+        .await
+        .unwrap();
+    assert_eq!(fired(&mut f), 1, "the fault was injected");
+    assert_eq!(placement.lookup_server("K", &id).await.unwrap(), None);
+    drop(proxy);
+}

@@ -563,20 +563,34 @@ impl CassandraObjectPlacement {
             object_id: id,
             server,
         };
-        let deleted = match self
-            .inner
-            .cql
-            .conditional("delete placement", &self.inner.statements.delete, values)
-            .await
-        {
-            Ok(reply) => reply.applied,
-            Err(e @ RioStoreError::OutcomeUnknown { .. }) => {
-                match self.read_server(kind, id, true).await {
-                    Ok(s) => s.as_deref() != Some(server),
-                    Err(_) => return Err(e),
+        let mut attempts = 0;
+        let deleted = loop {
+            attempts += 1;
+            match self
+                .inner
+                .cql
+                .conditional("delete placement", &self.inner.statements.delete, &values)
+                .await
+            {
+                Ok(reply) => break reply.applied,
+                // Settled by a linearizable read: still ours means it did not apply, and never
+                // will (the read completes or supersedes it): sent again.
+                Err(e @ RioStoreError::OutcomeUnknown { .. }) => {
+                    match self.read_server(kind, id, true).await {
+                        Ok(Some(s)) if s == server => {
+                            if attempts >= 3 {
+                                return Err(e);
+                            }
+                            debug!(
+                                "the delete whose answer was lost did not apply: sending it again"
+                            );
+                        }
+                        Ok(_) => break true,
+                        Err(_) => return Err(e),
+                    }
                 }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         };
         self.unindex(kind, id, server).await?;
         let key = (kind.to_owned(), id.to_owned());
@@ -699,10 +713,21 @@ impl ObjectPlacement for CassandraObjectPlacement {
     }
 
     async fn remove(&self, object_id: &ObjectId) -> Result<(), ObjectPlacementError> {
-        self.unassign(&object_id.0, &object_id.1)
-            .await
-            .map(drop)
-            .map_err(rio_error)
+        // rio's admin `Shutdown` ends `Server::run` on any error here: a transient one is
+        // tried again a few times first (each attempt is conditional on this server holding
+        // the object, so repeating it is safe).
+        let mut attempt = 0u64;
+        loop {
+            attempt += 1;
+            match self.unassign(&object_id.0, &object_id.1).await {
+                Ok(_) => return Ok(()),
+                Err(e) if e.is_transient() && attempt < 3 => {
+                    debug!(error = %e.chain(), attempt, "remove failed: trying again");
+                    tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+                }
+                Err(e) => return Err(rio_error(e)),
+            }
+        }
     }
 }
 
