@@ -1062,6 +1062,8 @@ mod rio_servers {
     #[derive(Default, WithId, TypeName)]
     struct Racer {
         id: String,
+        /// Set by rio's `Load`: a request handled on an instance rio never loaded is reported.
+        loaded: bool,
     }
 
     impl ServiceObject for Racer {}
@@ -1071,6 +1073,7 @@ mod rio_servers {
         async fn load(&mut self, app_data: &AppData) -> Result<(), ServiceObjectLifeCycleError> {
             let server = app_data.get::<ServerName>().0.clone();
             ACTIVATIONS.lock().unwrap().push((self.id.clone(), server));
+            self.loaded = true;
             Ok(())
         }
     }
@@ -1081,6 +1084,7 @@ mod rio_servers {
     #[derive(Default, Debug, Message, TypeName, Serialize, Deserialize)]
     struct Here {
         server: String,
+        loaded: bool,
     }
 
     #[async_trait]
@@ -1090,6 +1094,7 @@ mod rio_servers {
         async fn handle(&mut self, _: Where, app_data: Arc<AppData>) -> Result<Here, NoopError> {
             Ok(Here {
                 server: app_data.get::<ServerName>().0.clone(),
+                loaded: self.loaded,
             })
         }
     }
@@ -1183,7 +1188,14 @@ mod rio_servers {
             );
             let answers: Vec<String> = [ra, rb]
                 .into_iter()
-                .filter_map(|r| r.ok().and_then(|r| r.ok()).map(|h| h.server))
+                .filter_map(|r| r.ok().and_then(|r| r.ok()))
+                .map(|h| {
+                    if h.loaded {
+                        h.server
+                    } else {
+                        format!("{} (an instance rio never loaded)", h.server)
+                    }
+                })
                 .collect();
             refused += 2 - answers.len();
             let activations = activations_of(&id);
