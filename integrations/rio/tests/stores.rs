@@ -1085,6 +1085,9 @@ mod rio_servers {
     struct Here {
         server: String,
         loaded: bool,
+        /// The object that answered: rio's client can hand a request the late answer of an
+        /// earlier one it gave up on (same connection), which names another object.
+        object: String,
     }
 
     #[async_trait]
@@ -1095,6 +1098,7 @@ mod rio_servers {
             Ok(Here {
                 server: app_data.get::<ServerName>().0.clone(),
                 loaded: self.loaded,
+                object: self.id.clone(),
             })
         }
     }
@@ -1190,7 +1194,9 @@ mod rio_servers {
                 .into_iter()
                 .filter_map(|r| r.ok().and_then(|r| r.ok()))
                 .map(|h| {
-                    if h.loaded {
+                    if h.object != id {
+                        format!("{} (an answer for {})", h.server, h.object)
+                    } else if h.loaded {
                         h.server
                     } else {
                         format!("{} (an instance rio never loaded)", h.server)
