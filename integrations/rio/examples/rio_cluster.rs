@@ -1,7 +1,9 @@
-//! Three rio servers (separate processes, on this machine) find each other through the
-//! membership table in Cassandra; a rio client sends messages to a service object. One server
-//! is killed (SIGKILL) and the client keeps getting answers; then all stop, and the cluster's
-//! partition disappears from Cassandra after the TTL with nothing running.
+//! Three rio servers (separate processes, on this machine) run on Cassandra alone: membership,
+//! object placement and object state all live in Cassandra (no SQLite, Postgres or Redis
+//! feature of rio). A client greets a service object, whose greeting count is its persisted
+//! state; the server it lives on is killed (SIGKILL), and the object is re-placed on one live
+//! server, once, with its state intact. Then all stop, and the cluster's membership, placement
+//! and state rows disappear from Cassandra by themselves.
 //!
 //! ```sh
 //! cargo run -p cassandra-membership-rio --example rio_cluster
@@ -10,6 +12,7 @@
 //! Cassandra at `CASSANDRA_CONTACT_POINTS` (default 127.0.0.1:9042). Exits non-zero when an
 //! expectation fails, so the test script runs it.
 
+use std::collections::BTreeSet;
 use std::error::Error;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -18,9 +21,14 @@ use async_trait::async_trait;
 use cassandra_membership::{
     CassandraClusteringOptions, CassandraMembershipTable, MembershipOptions, MembershipTable,
 };
-use cassandra_membership_rio::CassandraMembershipStorage;
-use rio_rs::object_placement::local::LocalObjectPlacement;
+use cassandra_membership_rio::{
+    CassandraMembershipStorage, CassandraObjectPlacement, CassandraState, FencedClusterProvider,
+    PlacementOptions, StateOptions,
+};
 use rio_rs::prelude::*;
+use rio_rs::registry::IdentifiableType;
+use rio_rs::state::{ObjectStateManager, State};
+use rio_rs::{LifecycleMessage, ServiceObject, ServiceObjectStateLoad};
 use serde::{Deserialize, Serialize};
 use tokio::process::{Child, Command};
 
@@ -31,6 +39,10 @@ const TABLE: &str = "rio_members";
 const SERVICE: &str = "rio-example";
 const TTL: Duration = Duration::from_secs(5);
 const HEARTBEAT: Duration = Duration::from_secs(1);
+/// States live this long after their last save: longer than the failover window (`greet`
+/// retries for 30 s), so a state saved just before a server dies is still there when its object
+/// is activated elsewhere; short enough that the demo leaves nothing behind.
+const STATE_TTL: Duration = Duration::from_secs(35);
 
 fn options(cluster: &str) -> CassandraClusteringOptions {
     let points: Vec<String> = std::env::var("CASSANDRA_CONTACT_POINTS")
@@ -53,15 +65,53 @@ fn options(cluster: &str) -> CassandraClusteringOptions {
         .membership(m)
 }
 
+fn state_options() -> StateOptions {
+    let mut o = StateOptions::default();
+    o.ttl = Some(STATE_TTL);
+    o
+}
+
 // ---- the service object -------------------------------------------------------------------
 
 static SERVED_BY: OnceLock<String> = OnceLock::new();
 
-/// Counts the greetings it received; says which server it lives on.
+/// Counts the greetings it received (persisted) and those of this activation (in memory).
 #[derive(Default, WithId, TypeName)]
 struct Greeter {
     id: String,
-    greeted: u32,
+    greetings: Greetings,
+    this_activation: u32,
+}
+
+/// The greeter's persisted state.
+#[derive(Default, Debug, Clone, TypeName, Serialize, Deserialize)]
+struct Greetings {
+    total: u32,
+}
+
+impl ServiceObject for Greeter {}
+
+impl State<Greetings> for Greeter {
+    fn get_state(&self) -> &Greetings {
+        &self.greetings
+    }
+    fn set_state(&mut self, value: Greetings) {
+        self.greetings = value;
+    }
+}
+
+#[async_trait]
+impl ServiceObjectStateLoad for Greeter {
+    async fn load(
+        &mut self,
+        app_data: &AppData,
+    ) -> std::result::Result<(), ServiceObjectLifeCycleError> {
+        // A new greeter has no state yet: it starts at 0 (and its first save must be the first).
+        let _ = self
+            .load_state::<Greetings, _>(app_data.get::<CassandraState>())
+            .await;
+        Ok(())
+    }
 }
 
 #[derive(Default, Debug, Message, TypeName, Serialize, Deserialize)]
@@ -73,24 +123,56 @@ struct Hello {
 struct Greeting {
     text: String,
     served_by: String,
+    total: u32,
+    this_activation: u32,
 }
+
+/// The greeting could not be stored (another activation saved first, or Cassandra failed).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct NotSaved;
+
+impl std::fmt::Display for NotSaved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the greeting was not saved")
+    }
+}
+
+impl Error for NotSaved {}
 
 #[async_trait]
 impl Handler<Hello> for Greeter {
     type Returns = Greeting;
-    type Error = NoopError;
+    type Error = NotSaved;
     async fn handle(
         &mut self,
         message: Hello,
-        _: Arc<AppData>,
-    ) -> std::result::Result<Greeting, NoopError> {
-        self.greeted += 1;
+        app_data: Arc<AppData>,
+    ) -> std::result::Result<Greeting, NotSaved> {
+        let mut next = self.greetings.clone();
+        next.total += 1;
+        let saved = std::mem::replace(&mut self.greetings, next);
+        // Saved before answering: a greeting counts once it is stored. A refused save (another
+        // activation wrote first, or this one started from a default state because its load
+        // failed) answers an error, and the state is loaded again: rio keeps this activation,
+        // so without the reload every later save would be refused too, and it would serve a
+        // stale count.
+        let store = app_data.get::<CassandraState>();
+        if self.save_state::<Greetings, _>(store).await.is_err() {
+            self.greetings = saved;
+            if let Err(e) = self.load_state::<Greetings, _>(store).await {
+                tracing::warn!(error = ?e, "reload after a refused save failed");
+            }
+            return Err(NotSaved);
+        }
+        self.this_activation += 1;
         Ok(Greeting {
             text: format!(
-                "hello #{} ({} greetings on this activation of {})",
-                message.n, self.greeted, self.id
+                "hello #{} ({} greetings in all, {} on this activation of {})",
+                message.n, self.greetings.total, self.this_activation, self.id
             ),
             served_by: SERVED_BY.get().cloned().unwrap_or_default(),
+            total: self.greetings.total,
+            this_activation: self.this_activation,
         })
     }
 }
@@ -99,34 +181,46 @@ impl Handler<Hello> for Greeter {
 
 async fn server(cluster: String, port: u16) -> Result<()> {
     let storage = CassandraMembershipStorage::connect(options(&cluster)).await?;
-    let provider = PeerToPeerClusterProvider::builder()
-        .members_storage(storage)
-        .interval_secs(1)
-        .num_failures_threshold(2)
-        .interval_secs_threshold(5)
-        .build();
+    let placement =
+        CassandraObjectPlacement::connect(&storage, PlacementOptions::default()).await?;
+    let state = CassandraState::connect(&storage, state_options()).await?;
+    // Fenced: the server stops when its entry is Dead or gone, and serves no object while its
+    // lease is at risk.
+    let provider = FencedClusterProvider::new(
+        PeerToPeerClusterProvider::builder()
+            .members_storage(storage)
+            .interval_secs(1)
+            .num_failures_threshold(2)
+            .interval_secs_threshold(5)
+            .build(),
+    );
     let mut registry = Registry::new();
     registry.add_type::<Greeter>();
+    registry.add_handler::<Greeter, LifecycleMessage>();
     registry.add_handler::<Greeter, Hello>();
+    let app_data = AppData::new();
+    app_data.set(state);
     // rio advertises the machine's first non-loopback address with the bound port (netwatch),
     // so the server listens on every interface for its advertised address to answer.
     let mut server = Server::builder()
         .address(format!("0.0.0.0:{port}"))
         .registry(registry)
         .cluster_provider(provider)
-        .object_placement_provider(LocalObjectPlacement::default())
+        .object_placement_provider(placement)
+        .app_data(app_data)
         .build();
     server.prepare().await?;
     let listener = server.bind().await.map_err(|e| format!("{e:?}"))?;
     let advertised = Server::<
         CassandraMembershipStorage,
-        PeerToPeerClusterProvider<CassandraMembershipStorage>,
-        LocalObjectPlacement,
+        FencedClusterProvider<PeerToPeerClusterProvider<CassandraMembershipStorage>>,
+        CassandraObjectPlacement,
     >::try_local_addr(&listener)
     .map_err(|e| format!("{e:?}"))?;
     SERVED_BY.set(advertised.to_string()).ok();
     eprintln!("  [server {advertised}] running");
     server.run(listener).await.map_err(|e| format!("{e:?}"))?;
+    eprintln!("  [server {advertised}] stopped: its membership entry is final");
     Ok(())
 }
 
@@ -166,31 +260,67 @@ where
     Ok(t0.elapsed())
 }
 
+/// Sends `Hello { n }`, retrying while the cluster fails over (rio's client gives up after its
+/// own retries, or answers an error when the server it reached lost a placement race).
 async fn greet(
     client: &mut rio_rs::client::Client<CassandraMembershipStorage>,
+    object: &str,
     n: u32,
 ) -> Result<Greeting> {
     let t0 = Instant::now();
-    let reply: Greeting = client
-        .send::<Greeting, NoopError>("Greeter", "alice", &Hello { n })
-        .await
-        .map_err(|e| format!("message {n}: {e:?}"))?;
-    println!(
-        "  #{n:<2} answered by {} in {:>6.0?}: {}",
-        reply.served_by,
-        t0.elapsed(),
-        reply.text
-    );
-    Ok(reply)
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match client
+            .send::<Greeting, NotSaved>("Greeter", object, &Hello { n })
+            .await
+        {
+            Ok(reply) => {
+                let retried = if attempts > 1 {
+                    format!(" after {attempts} attempts")
+                } else {
+                    String::new()
+                };
+                println!(
+                    "  #{n:<2} answered by {} in {:>6.0?}{retried}: {}",
+                    reply.served_by,
+                    t0.elapsed(),
+                    reply.text
+                );
+                return Ok(reply);
+            }
+            Err(e) if t0.elapsed() < Duration::from_secs(30) => {
+                tracing::debug!(n, error = ?e, "retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(format!("message {n}: {e:?} after {attempts} attempts").into()),
+        }
+    }
+}
+
+/// How many rows a query of one partition returns.
+async fn count(raw: &CassandraMembershipTable, cql: String, key: Vec<String>) -> Result<usize> {
+    Ok(raw
+        .session()
+        .query_unpaged(cql, key)
+        .await?
+        .into_rows_result()?
+        .rows_num())
 }
 
 async fn demo() -> Result<()> {
     let cluster = format!("demo-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    // State belongs to the service, not the cluster: a fresh object per run.
+    let object = format!("alice-{}", &cluster[5..]);
     let storage = CassandraMembershipStorage::connect(options(&cluster)).await?;
+    let placement =
+        CassandraObjectPlacement::connect(&storage, PlacementOptions::default()).await?;
+    let state = CassandraState::connect(&storage, state_options()).await?;
     let raw = CassandraMembershipTable::connect(options(&cluster)).await?;
     let expiry = raw.storage_expiry();
+    let placement_ttl = placement.ttl().ok_or("placements without TTL")?;
     println!(
-        "cluster {cluster} in {KEYSPACE}.{TABLE}: TTL {:?}, slack {:?}, heartbeat {HEARTBEAT:?}",
+        "cluster {cluster} in keyspace {KEYSPACE}: membership TTL {:?} (slack {:?}), placements TTL {placement_ttl:?}, states TTL {STATE_TTL:?}, heartbeat {HEARTBEAT:?}",
         TTL, expiry.slack
     );
 
@@ -215,27 +345,65 @@ async fn demo() -> Result<()> {
         .members_storage(storage.clone())
         .timeout_millis(2000)
         .build()?;
-    let mut last = String::new();
+    let mut before = BTreeSet::new();
     for n in 1..=5 {
-        last = greet(&mut client, n).await?.served_by;
+        let reply = greet(&mut client, &object, n).await?;
+        check(reply.total == n, "every greeting counted once")?;
+        before.insert(reply.served_by);
     }
+    check(
+        before.len() == 1,
+        "one server hosts the object (one placement in Cassandra)",
+    )?;
+    let first = before.pop_first().unwrap_or_default();
+    let placed = placement.lookup_server("Greeter", &object).await?;
+    println!("placement of Greeter/{object} in Cassandra: {placed:?}");
+    check(
+        placed.as_deref() == Some(first.as_str()),
+        "the placement names the server that answered",
+    )?;
 
     // Kill the server the object lives on: no goodbye, no table write.
     let victim = servers
         .iter()
-        .position(|(port, _)| last.ends_with(&format!(":{port}")))
+        .position(|(port, _)| first.ends_with(&format!(":{port}")))
         .ok_or("the answering server is not one of ours")?;
     let (port, mut child) = servers.remove(victim);
     child.kill().await?;
     let killed_at = Instant::now();
     println!("killed the server on port {port} (SIGKILL)");
+    let mut after = BTreeSet::new();
+    let mut activations = Vec::new();
     for n in 6..=12 {
-        let reply = greet(&mut client, n).await?;
+        let reply = greet(&mut client, &object, n).await?;
         check(
-            reply.served_by != last,
-            "answers come from a surviving server",
+            reply.total == n,
+            "the state survived the kill: no greeting lost or counted twice",
         )?;
+        after.insert(reply.served_by);
+        activations.push(reply.this_activation);
     }
+    check(
+        after.len() == 1 && !after.contains(&first),
+        "re-placed on one surviving server",
+    )?;
+    check(
+        activations == (1..=7).collect::<Vec<_>>(),
+        "activated exactly once there",
+    )?;
+    let moved = placement.lookup_server("Greeter", &object).await?;
+    println!(
+        "re-placed once, {:.1?} after the kill: placement {moved:?}, state version {:?}",
+        killed_at.elapsed(),
+        state
+            .load_versioned::<Greetings>("Greeter", &object, Greetings::user_defined_type_id())
+            .await?
+            .map(|(_, v)| v)
+    );
+    check(
+        moved.as_ref() == after.first(),
+        "the placement names the new server",
+    )?;
     wait_for(
         "the killed server gone from the members",
         Duration::from_secs(30),
@@ -259,36 +427,76 @@ async fn demo() -> Result<()> {
     }
     let stopped = Instant::now();
     drop(client);
-    drop(storage);
+    drop((storage, placement, state));
     println!("killed the other two servers; nothing of the cluster runs");
-    let rows = || async {
-        let n = raw
-            .session()
-            .query_unpaged(
-                format!("SELECT silo, version FROM {KEYSPACE}.{TABLE} WHERE service_id = ? AND cluster_id = ?"),
-                (SERVICE, cluster.as_str()),
+    let ks = KEYSPACE;
+    let members = || {
+        count(
+            &raw,
+            format!("SELECT silo FROM {ks}.{TABLE} WHERE service_id = ? AND cluster_id = ?"),
+            vec![SERVICE.into(), cluster.clone()],
+        )
+    };
+    let placements = || async {
+        let mut n = count(
+            &raw,
+            format!("SELECT server FROM {ks}.rio_placements WHERE service_id = ? AND cluster_id = ? AND object_kind = ? AND object_id = ?"),
+            vec![SERVICE.into(), cluster.clone(), "Greeter".into(), object.clone()],
+        )
+        .await?;
+        for server in [&first, after.first().ok_or("no second server")?] {
+            n += count(
+                &raw,
+                format!("SELECT object_id FROM {ks}.rio_placements_by_server WHERE service_id = ? AND cluster_id = ? AND server = ?"),
+                vec![SERVICE.into(), cluster.clone(), server.clone()],
             )
-            .await?
-            .into_rows_result()?
-            .rows_num();
+            .await?;
+        }
         Ok::<_, Box<dyn Error>>(n)
     };
+    let states = || {
+        count(
+            &raw,
+            format!(
+                "SELECT version FROM {ks}.rio_state WHERE service_id = ? AND object_kind = ? AND object_id = ? AND state_type = ?"
+            ),
+            vec![
+                SERVICE.into(),
+                "Greeter".into(),
+                object.clone(),
+                "Greetings".into(),
+            ],
+        )
+    };
     println!(
-        "rows in the cluster's partition right after: {}",
-        rows().await?
+        "rows right after: membership {}, placements {}, state {}",
+        members().await?,
+        placements().await?,
+        states().await?
     );
-    let bound = TTL + expiry.slack + Duration::from_secs(2);
-    wait_for("the cluster's partition gone", bound, || async {
-        Ok(rows().await? == 0)
+    let bound = placement_ttl.max(STATE_TTL).max(TTL + expiry.slack) + Duration::from_secs(3);
+    let gone = std::cell::RefCell::new([None, None, None]);
+    wait_for("every row of the cluster gone", bound, || async {
+        let counts = [members().await?, placements().await?, states().await?];
+        for (g, c) in gone.borrow_mut().iter_mut().zip(counts) {
+            if c == 0 && g.is_none() {
+                *g = Some(stopped.elapsed());
+            }
+        }
+        Ok(counts == [0, 0, 0])
     })
     .await?;
-    let gone = stopped.elapsed();
+    let [m, p, s] = gone.into_inner().map(|g| g.unwrap_or_default());
     println!(
-        "the cluster's partition is gone from Cassandra {gone:.1?} after the last server stopped (TTL {TTL:?}, bound {bound:?})"
+        "gone from Cassandra after the last server stopped: membership {m:.1?} (TTL {TTL:?}), placements {p:.1?} (TTL {placement_ttl:?}), state {s:.1?} (TTL {STATE_TTL:?} from the last save)"
     );
     check(
-        gone + Duration::from_secs(1) >= TTL,
-        "nothing expires before the TTL",
+        m + Duration::from_secs(1) >= TTL,
+        "no membership row expires before the TTL",
+    )?;
+    check(
+        p + Duration::from_secs(1) >= m,
+        "no placement expires before its server's entry",
     )?;
     Ok(())
 }

@@ -26,7 +26,8 @@ pub struct RioStorageOptions {
     pub heartbeat_period: Duration,
     /// After this many heartbeat periods without an I-am-alive, a member is gone: rio no longer
     /// sees it and the adapter writes nothing more to it, so storage-side expiry can remove it.
-    /// Default 3 (Orleans' `NumMissedTableIAmAliveLimit`).
+    /// The server fences itself one period earlier. Default 3 (Orleans'
+    /// `NumMissedTableIAmAliveLimit`), the least allowed.
     pub missed_heartbeats_limit: u32,
     /// How many failure notices are kept per member, newest last. Default 100 (what rio's SQL
     /// backends return).
@@ -78,8 +79,13 @@ impl RioStorageOptions {
         if self.heartbeat_period.is_zero() {
             return bad("heartbeat_period", "must be greater than zero");
         }
-        if self.missed_heartbeats_limit == 0 {
-            return bad("missed_heartbeats_limit", "must be at least 1");
+        // The fence comes one period before a member is gone, and a healthy heartbeat may land
+        // up to 1.5 periods after the previous one: 3 periods leave room for both.
+        if self.missed_heartbeats_limit < 3 {
+            return bad(
+                "missed_heartbeats_limit",
+                "must be at least 3 (the server fences itself one heartbeat period before it is gone)",
+            );
         }
         if self.failures_kept == 0 {
             return bad("failures_kept", "must be at least 1");
@@ -125,7 +131,7 @@ mod tests {
         type Spoil = fn(&mut RioStorageOptions);
         let cases: [(Spoil, &str); 4] = [
             (|o| o.heartbeat_period = Duration::ZERO, "heartbeat_period"),
-            (|o| o.missed_heartbeats_limit = 0, "missed_heartbeats_limit"),
+            (|o| o.missed_heartbeats_limit = 2, "missed_heartbeats_limit"),
             (|o| o.failures_kept = 0, "failures_kept"),
             (|o| o.write_attempts = 0, "write_attempts"),
         ];

@@ -1,22 +1,28 @@
 //! [`CassandraMembershipStorage`]: rio's `MembershipStorage` on a membership table.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use cassandra_membership::{
-    CassandraClusteringOptions, CassandraMembershipTable, HeartbeatOutcome, MembershipEntry,
-    MembershipError, MembershipTable, Result, SiloAddress, SiloStatus, SuspectTime, Timestamp,
+    CassandraClusteringOptions, CassandraMembershipTable, MembershipEntry, MembershipError,
+    MembershipSnapshot, MembershipTable, Result, SiloAddress, SiloHealth, SiloStatus, SuspectTime,
+    Timestamp,
 };
 use chrono::{DateTime, Utc};
 use rio_rs::cluster::storage::{Member, MembershipResult, MembershipStorage, MembershipUnitResult};
 use rio_rs::errors::MembershipError as RioError;
+use scylla::client::session::Session;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+mod lease;
+
+use self::lease::{finish, keep_lease};
 use crate::RioStorageOptions;
 use crate::mapping::{self, endpoint, live_row, next_generation, older_incarnations, status_for};
 
@@ -35,6 +41,12 @@ struct Inner {
     options: RioStorageOptions,
     /// The members this value pushed and keeps alive, by endpoint.
     own: Mutex<HashMap<SocketAddr, Own>>,
+    /// The health of each member this value pushed (final states stay until a new push or a
+    /// `remove` of that endpoint): what fences the server.
+    health: watch::Sender<BTreeMap<SocketAddr, SiloHealth>>,
+    /// The session and options when the table is a [`CassandraMembershipTable`]: the placement
+    /// and state stores share them.
+    cassandra: Option<(Arc<Session>, CassandraClusteringOptions)>,
 }
 
 struct Own {
@@ -80,7 +92,41 @@ impl CassandraMembershipStorage {
     pub async fn connect(options: CassandraClusteringOptions) -> Result<Self> {
         let rio = RioStorageOptions::from_membership(&options.membership);
         let table = CassandraMembershipTable::connect(options).await?;
-        Self::with_table(Arc::new(table), rio).await
+        Self::with_cassandra_table(table, rio).await
+    }
+
+    /// The storage on a [`CassandraMembershipTable`] the host built (e.g. with
+    /// [`CassandraMembershipTable::with_session`]): like [`CassandraMembershipStorage::with_table`],
+    /// and the placement and state stores can then share its session.
+    pub async fn with_cassandra_table(
+        table: CassandraMembershipTable,
+        options: RioStorageOptions,
+    ) -> Result<Self> {
+        let cassandra = Some((Arc::clone(table.session()), table.options().clone()));
+        Self::build(Arc::new(table), options, cassandra).await
+    }
+
+    /// The storage on a wrapper of `cassandra` (a fault-injecting table in tests, a host's
+    /// instrumented table): rio's members go through `table`, and the placement and state
+    /// stores use `cassandra`'s session and options. Both must be the same table
+    /// ([`MembershipTable::identity`]), or this is `InvalidConfiguration`.
+    pub async fn with_wrapped_table(
+        table: Arc<dyn MembershipTable>,
+        cassandra: &CassandraMembershipTable,
+        options: RioStorageOptions,
+    ) -> Result<Self> {
+        if table.identity() != cassandra.identity() {
+            return Err(MembershipError::InvalidConfiguration {
+                option: "table".to_owned(),
+                reason: format!(
+                    "wraps {}, not the Cassandra table {}",
+                    table.identity(),
+                    cassandra.identity()
+                ),
+            });
+        }
+        let stores = Some((Arc::clone(cassandra.session()), cassandra.options().clone()));
+        Self::build(table, options, stores).await
     }
 
     /// The storage on a table the host already has (any backend, e.g. the in-memory table in a
@@ -88,6 +134,14 @@ impl CassandraMembershipStorage {
     pub async fn with_table(
         table: Arc<dyn MembershipTable>,
         options: RioStorageOptions,
+    ) -> Result<Self> {
+        Self::build(table, options, None).await
+    }
+
+    async fn build(
+        table: Arc<dyn MembershipTable>,
+        options: RioStorageOptions,
+        cassandra: Option<(Arc<Session>, CassandraClusteringOptions)>,
     ) -> Result<Self> {
         options.validate()?;
         options.validate_against_ttl(table.storage_expiry().ttl)?;
@@ -97,8 +151,80 @@ impl CassandraMembershipStorage {
                 table,
                 options,
                 own: Mutex::default(),
+                health: watch::Sender::new(BTreeMap::new()),
+                cassandra,
             }),
         })
+    }
+
+    /// The session and options of the Cassandra table, if the storage is on one.
+    pub(crate) fn cassandra(&self) -> Option<&(Arc<Session>, CassandraClusteringOptions)> {
+        self.inner.cassandra.as_ref()
+    }
+
+    /// The adapter's options.
+    pub fn options(&self) -> &RioStorageOptions {
+        &self.inner.options
+    }
+
+    /// The membership health of the member this value pushed at `ip:port` (`None` if it pushed
+    /// none there, or removed it): `Starting` after the push, `Healthy` after each heartbeat,
+    /// `Failing` / `LeaseAtRisk` while heartbeats fail, `DeclaredDead` / `EntryMissing` (final)
+    /// once its entry is Dead or gone. See the crate docs (Fencing).
+    pub fn health(&self, ip: &str, port: &str) -> Option<SiloHealth> {
+        let ep = endpoint(ip, port).ok()?;
+        self.inner.health.borrow().get(&ep).cloned()
+    }
+
+    /// Every change of the members' health, by endpoint.
+    pub fn watch_health(&self) -> watch::Receiver<BTreeMap<SocketAddr, SiloHealth>> {
+        self.inner.health.subscribe()
+    }
+
+    /// `None` while every member this value pushed may serve; otherwise one that may not, with
+    /// its health. A process that pushed nothing (a client, or a server before its provider
+    /// pushed it) is not fenced.
+    pub fn fenced(&self) -> Option<(SocketAddr, SiloHealth)> {
+        self.inner
+            .health
+            .borrow()
+            .iter()
+            .find(|(_, h)| !h.should_serve())
+            .map(|(ep, h)| (*ep, h.clone()))
+    }
+
+    /// Waits until the member this value pushed at `ep` is final (Dead, missing) and returns
+    /// that health; pending while it has none or serves.
+    pub(crate) async fn wait_final(&self, ep: SocketAddr) -> SiloHealth {
+        let mut rx = self.inner.health.subscribe();
+        let health = rx
+            .wait_for(|m| m.get(&ep).is_some_and(SiloHealth::is_final))
+            .await
+            .map(|m| m.get(&ep).cloned().unwrap_or(SiloHealth::Stopped));
+        match health {
+            Ok(h) => h,
+            // The sender lives in `Inner`, which this value keeps alive.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// True while a process may still be serving as `ep`: some incarnation there, whatever its
+    /// status, stored an I-am-alive less than `gone_after` ago. rio's "inactive" (two failed
+    /// pings) and even Dead (written by a peer, seen by the server only at its next heartbeat)
+    /// do not stop a server that still heartbeats; its fence does, one period before it is gone
+    /// (see the crate docs, Fencing). One read, not retried: a caller deciding on a takeover
+    /// gives up rather than stall.
+    pub(crate) async fn may_be_serving(&self, ep: SocketAddr) -> Result<bool> {
+        let snapshot = self.inner.table.read_all().await?;
+        let now = Timestamp::now();
+        Ok(snapshot.rows.iter().any(|r| {
+            r.entry.address.endpoint() == ep && !mapping::is_gone(&r.entry, now, self.gone_after())
+        }))
+    }
+
+    /// True when this value pushed a member at `ep` (this process is that server).
+    pub(crate) fn is_own(&self, ep: SocketAddr) -> bool {
+        self.own().contains_key(&ep)
     }
 
     /// The table the members live in.
@@ -220,11 +346,13 @@ impl CassandraMembershipStorage {
     /// `push`: a new incarnation of the endpoint, then the older ones declared Dead.
     #[tracing::instrument(skip(self), fields(cluster = self.inner.table.cluster_id()), err)]
     async fn push_member(&self, ep: SocketAddr, active: bool) -> Result<SiloAddress> {
-        // Retried step by step: a repeated insert would start yet another incarnation.
+        // Retried step by step: a repeated insert would start yet another incarnation. The
+        // fence counts from before the insert that stored the first I-am-alive.
+        let published = tokio::time::Instant::now();
         let address = self
             .retrying("push", || self.insert_incarnation(ep, status_for(active)))
             .await?;
-        self.keep_alive(address);
+        self.keep_alive(address, published);
         self.retrying("push", || self.retire_older(address)).await?;
         info!(%address, "member pushed");
         Ok(address)
@@ -281,18 +409,15 @@ impl CassandraMembershipStorage {
     }
 
     /// Starts (or restarts) renewing `address`'s lease from this process.
-    fn keep_alive(&self, address: SiloAddress) {
-        let keeper = tokio::spawn(keep_lease(
-            Arc::downgrade(&self.inner),
-            address,
-            self.inner.options.heartbeat_period,
-        ));
-        if let Some(old) = self
-            .own()
-            .insert(address.endpoint(), Own { address, keeper })
-        {
+    fn keep_alive(&self, address: SiloAddress, published: tokio::time::Instant) {
+        let keeper = tokio::spawn(keep_lease(Arc::downgrade(&self.inner), address, published));
+        let mut own = self.own();
+        if let Some(old) = own.insert(address.endpoint(), Own { address, keeper }) {
             old.keeper.abort();
         }
+        self.inner.health.send_modify(|m| {
+            m.insert(address.endpoint(), SiloHealth::Starting);
+        });
     }
 
     /// `remove`: every incarnation of the endpoint that is not Dead yet is declared Dead (the
@@ -302,6 +427,9 @@ impl CassandraMembershipStorage {
         if let Some(o) = self.own().remove(&ep) {
             o.keeper.abort();
         }
+        self.inner
+            .health
+            .send_if_modified(|m| m.remove(&ep).is_some());
         self.retrying("remove", || self.retire_endpoint(ep)).await
     }
 
@@ -403,11 +531,35 @@ impl CassandraMembershipStorage {
         let snapshot = self
             .retrying("members", || self.inner.table.read_all())
             .await?;
+        self.check_own_rows(&snapshot).await;
         Ok(mapping::members(
             &snapshot,
             Timestamp::now(),
             self.gone_after(),
         ))
+    }
+
+    /// rio lists the members every round of its provider: that read also tells this process
+    /// whether the members it pushed were declared Dead (a peer's `remove`, a restart at the
+    /// same address) or lost their entry, which a Cassandra heartbeat between two lease
+    /// renewals does not see. A row missing from the snapshot is confirmed by reading it.
+    async fn check_own_rows(&self, snapshot: &MembershipSnapshot) {
+        let own: Vec<SiloAddress> = self.own().values().map(|o| o.address).collect();
+        for address in own {
+            let health = match snapshot.get(&address) {
+                Some(row) if row.entry.status == SiloStatus::Dead => SiloHealth::DeclaredDead,
+                Some(_) => continue,
+                None => match self.inner.table.read_row(&address).await {
+                    Ok(read) if read.rows.is_empty() => SiloHealth::EntryMissing,
+                    Ok(read) if read.rows[0].entry.status == SiloStatus::Dead => {
+                        SiloHealth::DeclaredDead
+                    }
+                    // Live, or unknown: the heartbeat decides.
+                    _ => continue,
+                },
+            };
+            finish(&self.inner, address, health);
+        }
     }
 }
 
@@ -418,39 +570,6 @@ fn jitter_percent() -> u32 {
         .unwrap_or_default()
         .subsec_nanos()
         % 100
-}
-
-/// Publishes `address`'s I-am-alive every `period` while a clone of the storage lives, until
-/// the entry is missing or Dead.
-async fn keep_lease(inner: Weak<Inner>, address: SiloAddress, period: Duration) {
-    let mut wait = period;
-    loop {
-        tokio::time::sleep(wait).await;
-        let Some(inner) = inner.upgrade() else { return };
-        match inner
-            .table
-            .update_i_am_alive(&address, Timestamp::now())
-            .await
-        {
-            Ok(HeartbeatOutcome::Refreshed { .. }) => wait = period,
-            Ok(outcome) => {
-                warn!(%address, ?outcome, "entry missing or declared Dead: no longer renewing its lease");
-                let mut own = inner.own.lock().unwrap_or_else(|p| p.into_inner());
-                if own
-                    .get(&address.endpoint())
-                    .is_some_and(|o| o.address == address)
-                {
-                    own.remove(&address.endpoint());
-                }
-                return;
-            }
-            // A missed heartbeat is retried sooner; the lease has room for several.
-            Err(e) => {
-                warn!(%address, error = %e, "heartbeat failed");
-                wait = period / 4;
-            }
-        }
-    }
 }
 
 fn upstream(e: MembershipError) -> RioError {

@@ -1,0 +1,150 @@
+//! A pushed member's lease: its heartbeats, and the health they give it (what fences the server).
+
+use std::sync::Weak;
+
+use cassandra_membership::{HeartbeatOutcome, SiloAddress, SiloHealth, SiloStatus, Timestamp};
+use tracing::{debug, warn};
+
+use super::Inner;
+use crate::fence::FenceHorizon;
+
+/// Ends the lease of `address` with a final `health`: the keeper stops, and the health stays
+/// (fencing the server) until the endpoint is pushed again or removed.
+pub(super) fn finish(inner: &Inner, address: SiloAddress, health: SiloHealth) {
+    let ep = address.endpoint();
+    let mut own = inner.own.lock().unwrap_or_else(|p| p.into_inner());
+    if own.get(&ep).is_none_or(|o| o.address != address) {
+        return; // another incarnation of this endpoint has been pushed since
+    }
+    if let Some(o) = own.remove(&ep) {
+        o.keeper.abort();
+    }
+    warn!(%address, ?health, "membership entry is final: no longer renewing its lease");
+    inner.health.send_modify(|m| {
+        m.insert(ep, health);
+    });
+}
+
+/// Sets a non-final health of `address`, unless it is no longer this value's member there.
+fn report(inner: &Inner, address: SiloAddress, health: SiloHealth) {
+    let ep = address.endpoint();
+    let own = inner.own.lock().unwrap_or_else(|p| p.into_inner());
+    if own.get(&ep).is_none_or(|o| o.address != address) {
+        return;
+    }
+    inner.health.send_if_modified(|m| {
+        let changed = m.get(&ep) != Some(&health);
+        if changed {
+            if matches!(health, SiloHealth::LeaseAtRisk { .. }) {
+                warn!(%address, ?health, "lease at risk: serving no object until healthy");
+            }
+            m.insert(ep, health);
+        }
+        changed
+    });
+}
+
+/// Publishes `address`'s I-am-alive every heartbeat period while a clone of the storage lives,
+/// and reports the member's health ([`FenceHorizon`]): Healthy after each heartbeat, Failing
+/// while they fail, LeaseAtRisk past the horizon (confirmed live by reading the own row before
+/// it is Healthy again), final when the entry is Dead or missing.
+pub(super) async fn keep_lease(
+    inner: Weak<Inner>,
+    address: SiloAddress,
+    published: tokio::time::Instant,
+) {
+    let (period, gone_after) = match inner.upgrade() {
+        Some(i) => (i.options.heartbeat_period, i.options.gone_after()),
+        None => return,
+    };
+    let mut fence = FenceHorizon::new(published, period, gone_after);
+    // Heartbeats start one period apart (from the previous start), each bounded by half a
+    // period: a healthy one always lands before the fence horizon.
+    let mut next = published + period;
+    let mut failures = 0u32;
+    let mut lease = None;
+    let mut at_risk = false;
+    loop {
+        let wake = if at_risk {
+            next
+        } else {
+            next.min(fence.horizon())
+        };
+        tokio::time::sleep_until(wake).await;
+        let Some(inner) = inner.upgrade() else { return };
+        let now = tokio::time::Instant::now();
+        if now < next {
+            // Woken by the horizon, not by a heartbeat.
+            if fence.at_risk(now) {
+                at_risk = true;
+                report(&inner, address, SiloHealth::LeaseAtRisk { lease, failures });
+            }
+            continue;
+        }
+        let started = now;
+        let wall = Timestamp::now();
+        let beat =
+            tokio::time::timeout(period / 2, inner.table.update_i_am_alive(&address, wall)).await;
+        let error = match beat {
+            Ok(Ok(HeartbeatOutcome::Refreshed { lease: l })) => {
+                // No I-am-alive stored for longer than `gone_after` until this one landed: the
+                // others may have taken the server for gone and re-placed its objects, which its
+                // registry still holds. It must not serve again (MAPPING.md: no rejoin in place).
+                let silent = tokio::time::Instant::now().duration_since(fence.last_published());
+                if silent > gone_after {
+                    warn!(%address, ?silent, ?gone_after, "no I-am-alive stored for longer than gone_after: the server may have been taken for gone");
+                    return finish(&inner, address, SiloHealth::EntryMissing);
+                }
+                if at_risk {
+                    // The others may have declared it dead meanwhile, which a Cassandra
+                    // heartbeat between lease renewals does not see.
+                    match inner.table.read_row(&address).await {
+                        Ok(r) if r.rows.is_empty() => {
+                            return finish(&inner, address, SiloHealth::EntryMissing);
+                        }
+                        Ok(r) if r.rows[0].entry.status == SiloStatus::Dead => {
+                            return finish(&inner, address, SiloHealth::DeclaredDead);
+                        }
+                        Ok(_) => at_risk = false,
+                        Err(e) => {
+                            next = tokio::time::Instant::now() + period / 4;
+                            debug!(%address, error = %e, "own row unreadable after a fence");
+                            continue;
+                        }
+                    }
+                }
+                let refresh_by = l.refresh_by.map(|r| started + r.duration_since(wall));
+                fence.published(started, refresh_by);
+                failures = 0;
+                lease = Some(l);
+                report(&inner, address, SiloHealth::Healthy { lease: l });
+                next = started + period;
+                continue;
+            }
+            Ok(Ok(HeartbeatOutcome::DeclaredDead { .. })) => {
+                return finish(&inner, address, SiloHealth::DeclaredDead);
+            }
+            Ok(Ok(HeartbeatOutcome::NotFound)) => {
+                return finish(&inner, address, SiloHealth::EntryMissing);
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {:?}", period / 2),
+        };
+        failures = failures.saturating_add(1);
+        warn!(%address, error, failures, "heartbeat failed");
+        let now = tokio::time::Instant::now();
+        let health = if fence.at_risk(now) {
+            at_risk = true;
+            SiloHealth::LeaseAtRisk { lease, failures }
+        } else {
+            SiloHealth::Failing {
+                failures,
+                lease,
+                last_error: error,
+            }
+        };
+        report(&inner, address, health);
+        // A missed heartbeat is retried sooner; the lease has room for several.
+        next = now + period / 4;
+    }
+}
