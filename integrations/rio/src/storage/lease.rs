@@ -2,7 +2,9 @@
 
 use std::sync::Weak;
 
-use cassandra_membership::{HeartbeatOutcome, SiloAddress, SiloHealth, SiloStatus, Timestamp};
+use cassandra_membership::{
+    FailureCause, HeartbeatOutcome, SiloAddress, SiloHealth, SiloStatus, Timestamp,
+};
 use tracing::{debug, warn};
 
 use super::Inner;
@@ -62,6 +64,7 @@ pub(super) async fn keep_lease(
     // period: a healthy one always lands before the fence horizon.
     let mut next = published + period;
     let mut failures = 0u32;
+    let mut cause: Option<FailureCause> = None;
     let mut lease = None;
     let mut at_risk = false;
     loop {
@@ -77,7 +80,17 @@ pub(super) async fn keep_lease(
             // Woken by the horizon, not by a heartbeat.
             if fence.at_risk(now) {
                 at_risk = true;
-                report(&inner, address, SiloHealth::LeaseAtRisk { lease, failures });
+                // Nothing failed yet: the heartbeat is late, as in an outage.
+                let cause = cause.or(Some(FailureCause::Outage));
+                report(
+                    &inner,
+                    address,
+                    SiloHealth::LeaseAtRisk {
+                        lease,
+                        failures,
+                        cause,
+                    },
+                );
             }
             continue;
         }
@@ -116,6 +129,7 @@ pub(super) async fn keep_lease(
                 let refresh_by = l.refresh_by.map(|r| started + r.duration_since(wall));
                 fence.published(started, refresh_by);
                 failures = 0;
+                cause = None;
                 lease = Some(l);
                 report(&inner, address, SiloHealth::Healthy { lease: l });
                 next = started + period;
@@ -127,20 +141,31 @@ pub(super) async fn keep_lease(
             Ok(Ok(HeartbeatOutcome::NotFound)) => {
                 return finish(&inner, address, SiloHealth::EntryMissing);
             }
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => format!("no answer within {:?}", period / 2),
+            Ok(Err(e)) => {
+                cause = Some(FailureCause::of(&e));
+                e.to_string()
+            }
+            Err(_) => {
+                cause = Some(FailureCause::Outage);
+                format!("no answer within {:?}", period / 2)
+            }
         };
         failures = failures.saturating_add(1);
         warn!(%address, error, failures, "heartbeat failed");
         let now = tokio::time::Instant::now();
         let health = if fence.at_risk(now) {
             at_risk = true;
-            SiloHealth::LeaseAtRisk { lease, failures }
+            SiloHealth::LeaseAtRisk {
+                lease,
+                failures,
+                cause,
+            }
         } else {
             SiloHealth::Failing {
                 failures,
                 lease,
                 last_error: error,
+                cause: cause.unwrap_or(FailureCause::Other),
             }
         };
         report(&inner, address, health);
