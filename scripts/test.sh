@@ -300,10 +300,14 @@ fi
 step "nemeses: partitions, loss and clock skew on a ring in a network namespace (the CI subset)"
 # Needs root (a network namespace, iptables in it); installs iptables and faketime if missing.
 # The whole set, on both Paxos variants: scripts/nemesis.sh (README "Faults").
+# On the Paxos variants of the three-node stage (none: no nemesis stage either).
 if [ "${CASSANDRA_NEMESIS:-1}" = 0 ]; then
   printf '[test.sh] CASSANDRA_NEMESIS=0: the nemesis stage is not run\n'
+elif [ -z "$ring_variants" ]; then
+  printf '[test.sh] CASSANDRA_RING_PAXOS_VARIANTS is empty: the nemesis stage runs nothing\n'
 else
-  CASSANDRA_RING_VERSION=$ring_version scripts/nemesis.sh --subset
+  CASSANDRA_RING_VERSION=$ring_version CASSANDRA_NEMESIS_PAXOS_VARIANTS=$ring_variants \
+    scripts/nemesis.sh --subset
 fi
 step "benchmarks compile"
 cargo bench --no-run --quiet
