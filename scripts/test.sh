@@ -201,7 +201,8 @@ fi
 step "older releases: Apache Cassandra 4.0 and 4.1, one node on 127.0.0.5, the tests of what differs"
 # 4.x runs on Java 11 (installed by cassandra.sh on first use) and cannot select WRITETIME() of map
 # elements: the heartbeat-element fallback (expiry::leftovers), the contract (conformance), TTL
-# expiry (expiry::contract), the runtime on the node (runtime::) and the release check (smoke) run on
+# expiry (expiry::contract), the runtime on the node (runtime::), the tombstone cliff's typed error and
+# warning count (tombstones::: how each release words them) and the release check (smoke) run on
 # each; all else runs on 5.0 above (the whole one-node suite passes on 4.1.10 when run by hand).
 for release in ${CASSANDRA_OLDER_RELEASES-4.0.19 4.1.10}; do
   if (exec 3<>/dev/tcp/127.0.0.5/9042) 2>/dev/null; then
@@ -212,7 +213,7 @@ for release in ${CASSANDRA_OLDER_RELEASES-4.0.19 4.1.10}; do
     scripts/cassandra.sh start 1
   # Apache Cassandra whatever the main stage's backend; `runtime::` (not `runtime_fencing::`).
   CASSANDRA_BACKEND=cassandra CASSANDRA_VERSION=$release CASSANDRA_CONTACT_POINTS=127.0.0.5:9042 \
-    cargo test --test cassandra -- smoke:: conformance:: expiry::leftovers:: expiry::contract:: runtime::
+    cargo test --test cassandra -- smoke:: conformance:: expiry::leftovers:: expiry::contract:: runtime:: tombstones::
   scripts/cassandra.sh stop 5
   older_started_here=0
 done
