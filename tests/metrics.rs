@@ -413,27 +413,19 @@ fn the_cassandra_table_records_every_operation_by_outcome_with_its_latency() {
     );
 }
 
+#[path = "common/tombstones.rs"]
+mod buried;
+
 /// Row tombstones written past the provider into `cluster`'s partition of `table`.
 async fn bury(table: &CassandraMembershipTable, service: &str, cluster: &str, n: usize) {
-    use futures::StreamExt as _;
-    let s = table.session();
-    let delete = s
-        .prepare(format!(
-            "DELETE FROM {} WHERE service_id = ? AND cluster_id = ? AND silo = ?",
-            table.qualified_table()
-        ))
-        .await
-        .unwrap();
-    let delete = &delete;
-    futures::stream::iter(0..n)
-        .map(|i| async move {
-            s.execute_unpaged(delete, (service, cluster, format!("0.0.0.0:0@{i:09}")))
-                .await
-                .expect("a plain delete")
-        })
-        .buffer_unordered(128)
-        .for_each(|_| async {})
-        .await;
+    buried::bury(
+        table.session(),
+        table.qualified_table(),
+        service,
+        cluster,
+        n,
+    )
+    .await;
 }
 
 /// The tombstones a read of the cluster's partition reports scanning are a gauge (the distance

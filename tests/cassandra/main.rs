@@ -2,6 +2,8 @@
 //! integration tests). The node is found through `CASSANDRA_CONTACT_POINTS` (default
 //! `127.0.0.1:9042`); `scripts/test.sh` starts one. A test fails loudly when no node answers.
 
+#[path = "../common/tombstones.rs"]
+mod buried;
 mod utils;
 
 mod bounded;

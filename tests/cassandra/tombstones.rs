@@ -16,27 +16,11 @@ use crate::utils::{KEYSPACE, options, session_with_keyspace, table_on, unique};
 const FAILURE_THRESHOLD: usize = 100_000;
 const WARN_THRESHOLD: usize = 1_000;
 
-/// Writes `n` row tombstones into `cluster`'s partition, past the provider, at keys that sort
-/// before every silo key (a deleted generation leaves at least one such marker).
+/// `n` row tombstones in `cluster`'s partition of the shared test table.
 async fn bury(s: &Session, cluster: &str, n: usize) {
-    use futures::StreamExt as _;
     let started = Instant::now();
-    let delete = s
-        .prepare(format!(
-            "DELETE FROM {KEYSPACE}.membership WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ?"
-        ))
-        .await
-        .unwrap();
-    let delete = &delete;
-    futures::stream::iter(0..n)
-        .map(|i| async move {
-            s.execute_unpaged(delete, (cluster, format!("0.0.0.0:0@{i:09}")))
-                .await
-                .expect("a plain delete")
-        })
-        .buffer_unordered(128)
-        .for_each(|_| async {})
-        .await;
+    let table = format!("{KEYSPACE}.membership");
+    crate::buried::bury(s, &table, "test-service", cluster, n).await;
     eprintln!("{n} row tombstones written in {:?}", started.elapsed());
 }
 
