@@ -98,6 +98,20 @@ pub enum MembershipError {
         detail: String,
     },
 
+    /// The table has the shape of cassandra-membership 0.2 and earlier (one column per entry
+    /// field, the version and a heartbeat map in static columns), which this release never
+    /// reads or writes: every expired generation there costs eleven tombstones a read scans.
+    /// Nothing was written. Stop the cluster's silos, copy the table with
+    /// `cassandra-membership migrate --to-table <new table>` (resumable; the old table is left as
+    /// it is), and configure the new table. See the guide's migration page.
+    #[error(
+        "{table} has the table shape of cassandra-membership 0.2 and earlier, which this release does not read: stop the silos, run `cassandra-membership migrate --to-table <new table>` and configure that table (docs::migration)"
+    )]
+    TableNeedsMigration {
+        /// `keyspace.table`.
+        table: String,
+    },
+
     /// The existing table's expiry settings or rows disagree with the configured TTL, and the
     /// mismatch policy is `throw`. Nothing was written.
     #[error(

@@ -18,17 +18,9 @@ pub(super) struct InitVersionValues<'a> {
 
 #[derive(SerializeRow)]
 pub(super) struct ReadRowValues<'a> {
-    pub(super) heartbeat_key: &'a str,
     pub(super) service_id: &'a str,
     pub(super) cluster_id: &'a str,
     pub(super) silo: &'a str,
-}
-
-#[derive(SerializeRow)]
-pub(super) struct ReadLastRowValues<'a> {
-    pub(super) heartbeat_key: &'a str,
-    pub(super) service_id: &'a str,
-    pub(super) cluster_id: &'a str,
 }
 
 #[derive(SerializeRow)]
@@ -88,9 +80,7 @@ pub(super) struct UpdateEntryValues<'a> {
     #[scylla(flatten)]
     pub(super) entry: EntryValues<'a>,
     pub(super) expected_etag: Option<Uuid>,
-    /// The entry's key again: the heartbeat element the write is conditioned on.
-    pub(super) heartbeat_key: &'a str,
-    /// The element as the read saw it (`None`: it had none).
+    /// The heartbeat cell as the read saw it (`None`: it had none).
     pub(super) expected_heartbeat: Option<StoredHeartbeat>,
 }
 
@@ -137,7 +127,6 @@ pub(super) struct DeleteEntryValues<'a> {
     pub(super) cluster_id: &'a str,
     pub(super) silo: &'a str,
     pub(super) expected_etag: Uuid,
-    pub(super) heartbeat_key: &'a str,
     pub(super) expected_heartbeat: Option<StoredHeartbeat>,
 }
 

@@ -1,5 +1,5 @@
-//! Removing data: `cleanup_defunct` (defunct entries, marker-only rows, orphaned heartbeat
-//! elements) and `delete_cluster` (a whole partition).
+//! Removing data: `cleanup_defunct` (defunct entries, rows left with only a heartbeat cell,
+//! orphaned heartbeat cells) and `delete_cluster` (a whole partition).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -11,6 +11,7 @@ use uuid::Uuid;
 use super::bind::{
     DeleteClusterValues, DeleteEntryValues, DeletePartitionValues, DeleteStaticsValues, SiloKey,
 };
+use super::decode::row_key;
 use super::exec::Outcome;
 use super::heartbeats::{StoredHeartbeat, merge_heartbeat};
 use super::read::{larger_page, restart_pause};
@@ -56,67 +57,53 @@ struct RawKeys {
 
 impl CassandraMembershipTable {
     /// Every row key of a partition as stored, and the raw version tag, read serially as one
-    /// view: every row carries the version tag, and all pages must carry the same one — a
-    /// membership write landing between two pages could have inserted a key into a page already
-    /// read. Then the read starts over with larger pages, as `read_partition` does.
+    /// view: the version's row (`''`) comes first; a read of more than one page reads the tag
+    /// again at its end — a membership write landing between two pages could have inserted a key
+    /// into a page already read, and every such write moves the tag. Then the read starts over
+    /// with larger pages, as `read_partition` does.
     async fn read_raw_keys(&self, pk: Pk<'_>) -> Result<RawKeys> {
         let st = self.statements().await?;
         let started = Instant::now();
         let mut page_size = i32::try_from(self.options().page_size).unwrap_or(i32::MAX);
-        // See read_partition: an empty page before any row leaves no reference to check by.
-        let mut statics_first = false;
         for attempt in 0..MAX_ATTEMPTS {
             restart_pause(attempt).await;
             let mut read_keys = st.read_keys.clone();
             read_keys.set_page_size(page_size);
-            let mut view: Option<Option<Uuid>> = None;
-            if statics_first {
-                view = Some(self.read_statics(pk).await?.version_etag);
-            }
+            let mut view: Option<Uuid> = None;
             let mut keys = Vec::new();
             let mut seen = 0usize;
+            let mut pages = 0u32;
             let mut paging = PagingState::start();
             let mut scan = Scan::Whole(pk);
-            let consistent = loop {
+            loop {
                 let (result, next) = self
                     .read_page("delete_cluster", &read_keys, pk, paging, true, scan)
                     .await?;
                 scan = Scan::Part(pk);
+                pages += 1;
                 let rows = result
                     .into_rows_result()
                     .map_err(|e| MembershipError::corrupt(None, format!("key read: {e}")))?;
                 seen = seen.saturating_add(rows.rows_num());
-                if view.is_none()
-                    && rows.rows_num() == 0
-                    && matches!(next, PagingStateResponse::HasMorePages { .. })
-                {
-                    statics_first = true;
-                    break false;
-                }
-                let mut agree = true;
                 for row in rows
                     .rows::<(Option<String>, Option<Uuid>)>()
                     .map_err(|e| self.shape_error(e))?
                 {
                     let (silo, version_etag) = row.map_err(|e| self.shape_error(e))?;
-                    if *view.get_or_insert(version_etag) != version_etag {
-                        agree = false;
-                        break;
+                    match row_key(silo) {
+                        None => view = version_etag,
+                        Some(key) => keys.push(key),
                     }
-                    keys.extend(silo);
-                }
-                if !agree {
-                    break false;
                 }
                 match next {
                     PagingStateResponse::HasMorePages { state } => paging = state,
-                    PagingStateResponse::NoMorePages => break true,
+                    PagingStateResponse::NoMorePages => break,
                 }
-            };
-            if consistent {
+            }
+            if pages <= 1 || self.read_statics(pk).await?.version_etag == view {
                 return Ok(RawKeys {
                     keys,
-                    version_etag: view.flatten(),
+                    version_etag: view,
                 });
             }
             debug!(
@@ -134,7 +121,7 @@ impl CassandraMembershipTable {
     }
 
     /// `cleanup_defunct` / `cleanup_dead_entries`: conditional deletes of the entries `which`
-    /// selects, then empty rows and orphaned heartbeat elements.
+    /// selects, then empty rows and orphaned heartbeat cells.
     pub(super) async fn cleanup(&self, before: Timestamp, which: Defunct) -> Result<usize> {
         let st = self.statements().await?;
         let read = self.read_partition(self.pk()).await?;
@@ -152,7 +139,6 @@ impl CassandraMembershipTable {
                 cluster_id: &self.cluster_id,
                 silo: &key,
                 expected_etag: stored.etag,
-                heartbeat_key: &key,
                 expected_heartbeat: heartbeat,
             };
             let deleted = match self
@@ -181,23 +167,13 @@ impl CassandraMembershipTable {
                 self.forget_lease(&entry.address);
             }
         }
-        for key in &read.empty_rows {
-            // Not entries: not counted. A lost race (the row got cells) leaves it alone.
-            let values = SiloKey {
-                silo: key,
-                service_id: self.service_id(),
-                cluster_id: &self.cluster_id,
-            };
-            // Ambiguous: the next cleanup sees it again if it is still there.
-            self.conditional(OPERATION, &st.delete_empty_row, values)
-                .await?;
-        }
-        // Heartbeat elements whose row is gone (removed above, or earlier), older than the cutoff.
-        // An element of another incarnation (start time differs from the row's) counts as
-        // orphaned; so does a damaged one. Each delete is stamped with the element's own write
-        // time (read just before), so a newer heartbeat survives it — whoever wrote the element.
-        // Where the server cannot say that time (4.x, ScyllaDB), an element without a row is
-        // deleted at the current time (`HeartbeatCell::delete_stamp`).
+        // Rows left with only a heartbeat cell (an entry removed, or expired before its cell)
+        // go with the orphaned cells below: a cell deleted at its own write time, never a row
+        // deletion (which would shadow later heartbeats of a key inserted again).
+        // Heartbeat cells whose entry is gone (removed above, or earlier), older than the cutoff.
+        // A cell of another incarnation (start time differs from the row's) counts as orphaned;
+        // so does a damaged one. Each delete is stamped with the cell's own write time (read
+        // just before), so a newer heartbeat survives it — whoever wrote the cell.
         let live: HashMap<String, i64> = read
             .entries
             .iter()
@@ -209,12 +185,11 @@ impl CassandraMembershipTable {
             !owned && time.is_none_or(|t| t.0 < before.as_millis())
         };
         if read.heartbeats.iter().any(|(k, v)| due(k, v)) {
-            let now_micros = Timestamp::now().as_millis().saturating_mul(1000);
             for cell in self.read_heartbeat_cells(self.pk(), OPERATION).await? {
                 let Some(value) = cell.value else {
                     continue;
                 };
-                let stamp = cell.delete_stamp(live.contains_key(&cell.key), now_micros);
+                let stamp = cell.delete_stamp();
                 if let (true, Some(stamp)) = (due(&cell.key, &value), stamp) {
                     self.delete_heartbeat_cell(self.pk(), &cell.key, stamp, OPERATION)
                         .await?;
@@ -225,9 +200,9 @@ impl CassandraMembershipTable {
         Ok(removed)
     }
 
-    /// `delete_cluster`: every row of the partition as stored (healthy, damaged, marker-only,
-    /// any key text) and the statics, in conditional batches fenced on the version tag as stored
-    /// (so a damaged version does not block it); then heartbeat elements stamped later than the
+    /// `delete_cluster`: every row of the partition as stored (healthy, damaged, heartbeat-only,
+    /// any key text) and the version's row, in conditional batches fenced on the version tag as
+    /// stored (so a damaged version does not block it); then heartbeat cells stamped later than the
     /// deleting ballot, each at its own write time. Checks that nothing is left.
     pub(super) async fn delete_partition(&self, cluster_id: &str) -> Result<()> {
         if cluster_id.is_empty() {
@@ -320,12 +295,10 @@ impl CassandraMembershipTable {
                 close_first = true;
                 continue;
             }
-            // Heartbeat elements written with a timestamp later than the deleting ballot (their
+            // Heartbeat cells written with a timestamp later than the deleting ballot (their
             // stamp is their I-am-alive time, or another program's choice) survive it.
-            // Every row is gone: an element the server cannot date is deleted now.
-            let now_micros = Timestamp::now().as_millis().saturating_mul(1000);
             for cell in self.read_heartbeat_cells(pk, "delete_cluster").await? {
-                if let Some(stamp) = cell.delete_stamp(false, now_micros) {
+                if let Some(stamp) = cell.delete_stamp() {
                     self.delete_heartbeat_cell(pk, &cell.key, stamp, "delete_cluster")
                         .await?;
                 }
@@ -341,7 +314,7 @@ impl CassandraMembershipTable {
 
     /// `delete_cluster` of a partition that no read can scan for its tombstones
     /// ([`MembershipError::TooManyTombstones`]): one plain partition deletion stamped
-    /// [`SHADOW_MARGIN`] in the past, which shadows every row, tombstone and heartbeat element
+    /// [`SHADOW_MARGIN`] in the past, which shadows every row, tombstone and heartbeat cell
     /// written before then, so reads of the partition scan none of those from then on. Stamped
     /// in the past so that no write acknowledged after it (a Paxos ballot of a coordinator whose
     /// clock is behind this one's by less than the margin) falls under it; the fenced path then

@@ -15,6 +15,12 @@ use crate::model::{
     ETag, MembershipEntry, SiloAddress, SiloStatus, SuspectTime, TableVersion, Timestamp,
 };
 
+/// A row key as the provider reads it: `None` for the version's row (key `''`, which no silo
+/// address can be), the silo key otherwise.
+pub(crate) fn row_key(silo: Option<String>) -> Option<String> {
+    silo.filter(|s| !s.is_empty())
+}
+
 /// `read_statics.cql`.
 #[derive(Debug, DeserializeRow)]
 pub(crate) struct StaticsRow {
@@ -23,20 +29,20 @@ pub(crate) struct StaticsRow {
 }
 
 /// Declares the two row types that carry an entry, from one list of its columns: [`EntryRow`]
-/// (`read_rows.cql`) and [`EntryWithStaticsRow`] (the same columns and the heartbeat element).
+/// (the entry's fields, `entry.<field>` selected by name, with the version cells of row '') and
+/// [`EntryWithStaticsRow`] (the same columns and the heartbeat cell), which `read_rows.cql` and
+/// `read_row.cql` return.
 /// The driver's `DeserializeRow` matches columns by name and has no `flatten`, and a field it
 /// does not find is an error: so the list is written once here, and expanded into both.
 macro_rules! entry_rows {
     ($($column:ident: $ty:ty,)*) => {
-        /// The entry columns, as `read_rows.cql` returns them (with the version of each row's
-        /// partition).
+        /// The entry columns and the version cells (only row '' has those).
         #[derive(Debug, DeserializeRow)]
         pub(crate) struct EntryRow {
             $(pub(crate) $column: $ty,)*
         }
 
-        /// `read_row.cql` (and `read_row_from`/`read_last_row`): one row with the partition's
-        /// version and the entry's heartbeat element.
+        /// `read_rows.cql` / `read_row.cql`: a row with its heartbeat cell.
         #[derive(Debug, DeserializeRow)]
         pub(crate) struct EntryWithStaticsRow {
             pub(crate) heartbeat: Option<StoredHeartbeat>,
@@ -44,8 +50,11 @@ macro_rules! entry_rows {
         }
 
         impl EntryWithStaticsRow {
+            /// The row (its key `None` for the version's row) and its heartbeat cell.
             pub(crate) fn split(self) -> (EntryRow, Option<StoredHeartbeat>) {
-                (EntryRow { $($column: self.$column,)* }, self.heartbeat)
+                let mut row = EntryRow { $($column: self.$column,)* };
+                row.silo = row_key(row.silo);
+                (row, self.heartbeat)
             }
         }
     };
@@ -69,7 +78,8 @@ entry_rows! {
 }
 
 impl EntryRow {
-    /// A row with no cell left, only its marker: no entry, and nothing to decode.
+    /// A row without an entry (a heartbeat cell that outlived it, or the version's row): nothing
+    /// to decode.
     pub(crate) fn is_empty(&self) -> bool {
         self.etag.is_none()
             && self.status.is_none()
@@ -92,7 +102,7 @@ pub(crate) struct StoredEntry {
     pub(crate) etag: Uuid,
 }
 
-/// The table version from its two static cells.
+/// The table version from the two cells of its row.
 pub(crate) fn decode_version(version: Option<i64>, etag: Option<Uuid>) -> Result<TableVersion> {
     match (version, etag) {
         (None, None) => Ok(TableVersion::absent()),

@@ -225,7 +225,6 @@ impl CassandraMembershipTable {
                 expected_etag: Some(stored.etag),
                 // The element as read: only this silo writes it, and none of its heartbeats is
                 // in flight now (a late one costs one more read).
-                heartbeat_key: key,
                 expected_heartbeat: heartbeat,
             },
             WriteVersionValues::new(

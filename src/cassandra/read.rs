@@ -5,12 +5,11 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use scylla::response::{PagingState, PagingStateResponse};
-use scylla::serialize::row::SerializeRow;
 use scylla::statement::prepared::PreparedStatement;
 use tracing::{Span, debug, warn};
 use uuid::Uuid;
 
-use super::bind::{ReadLastRowValues, ReadRowValues};
+use super::bind::ReadRowValues;
 use super::decode::{
     EntryRow, EntryWithStaticsRow, StaticsRow, StoredEntry, decode_entry, decode_version,
 };
@@ -60,7 +59,7 @@ pub(super) struct PartitionRead {
     pub(super) version: TableVersion,
     pub(super) version_etag: Option<Uuid>,
     pub(super) entries: Vec<StoredEntry>,
-    /// Keys of rows with no cells left (only a row marker).
+    /// Keys of rows without an entry (only a heartbeat cell left).
     pub(super) empty_rows: Vec<String>,
     pub(super) heartbeats: BTreeMap<String, StoredHeartbeat>,
     /// Rows holding cells (entries, damaged rows) but no version: rows outlived it (see
@@ -90,7 +89,7 @@ impl PartitionRead {
 }
 
 impl CassandraMembershipTable {
-    /// The version's two static cells, read serially.
+    /// The version's two cells (row `''`), read serially by name.
     pub(super) async fn read_statics(&self, pk: Pk<'_>) -> Result<StaticsRow> {
         let st = self.statements().await?;
         let result = self
@@ -117,33 +116,30 @@ impl CassandraMembershipTable {
     }
 
     /// Reads the whole partition of `cluster_id` as one view: the rows page by page, each page a
-    /// serial read carrying the version its rows belong to (the first page is sent together with
-    /// the heartbeat read, so a one-page cluster costs one round trip); restarts if the version
-    /// moved between pages. A restart asks for pages twice as large as all it saw (see
+    /// serial read; the version is the first page's row `''` (it sorts first). A read of more
+    /// than one page reads the version again at its end and starts over if it moved: every
+    /// membership write moves it (and its tag is never reused), so an unmoved version proves no
+    /// write landed between the pages. A restart asks for pages twice as large as all it saw (see
     /// [`larger_page`]): one page is one statement, a view no write can split, so under any write
     /// load the read needs one restart, two at most while the partition keeps doubling.
     pub(super) async fn read_partition(&self, pk: Pk<'_>) -> Result<PartitionRead> {
         let cluster_id = pk.cluster_id;
         let started = Instant::now();
         let st = self.statements().await?;
-        // A server may answer an empty page that is not the last (ScyllaDB does after many
-        // tombstones): the version is then only known from a later page, which rows inserted
-        // into the empty page's range in between would not match. Such a read starts over with
-        // the version read first, as a reference every row is checked against.
-        let mut statics_first = false;
         // The rows statement with a larger page, once a read was overtaken.
         let mut larger: Option<PreparedStatement> = None;
         for attempt in 0..MAX_ATTEMPTS {
             restart_pause(attempt).await;
             let read_rows = larger.as_ref().unwrap_or(&st.read_rows);
-            // (version, version_etag) every row must carry: the statics' when read first, else
-            // the first row's.
-            let mut view: Option<(Option<i64>, Option<Uuid>)> = None;
-            if statics_first {
-                let statics = self.read_statics(pk).await?;
-                view = Some((statics.version, statics.version_etag));
-            }
-            let (first, heartbeats) = tokio::join!(
+            let mut version_row: Option<(Option<i64>, Option<Uuid>)> = None;
+            let mut entries = Vec::new();
+            let mut empty_rows = Vec::new();
+            let mut heartbeats = BTreeMap::new();
+            // Rows holding an entry (damaged ones too), not bare heartbeat cells.
+            let mut entry_rows = 0usize;
+            let mut pages = 0u32;
+            let mut seen = 0usize;
+            let mut page = Some(
                 self.read_page(
                     "read",
                     read_rows,
@@ -151,42 +147,29 @@ impl CassandraMembershipTable {
                     PagingState::start(),
                     true,
                     Scan::Whole(pk),
-                ),
-                self.read_heartbeats(pk, "read"),
+                )
+                .await?,
             );
-            let mut page = Some(first?);
-            let heartbeats = heartbeats?;
-            let mut entries = Vec::new();
-            let mut empty_rows = Vec::new();
-            // Rows holding cells (entries and damaged rows, not bare markers).
-            let mut entry_rows = 0usize;
-            let mut consistent = true;
-            let mut seen = 0usize;
             while let Some((result, next)) = page.take() {
+                pages += 1;
                 let rows = result.into_rows_result().map_err(|e| {
                     MembershipError::corrupt(None, format!("read returned no rows result: {e}"))
                 })?;
                 seen = seen.saturating_add(rows.rows_num());
-                if view.is_none()
-                    && rows.rows_num() == 0
-                    && matches!(next, PagingStateResponse::HasMorePages { .. })
+                for row in rows
+                    .rows::<EntryWithStaticsRow>()
+                    .map_err(|e| self.shape_error(e))?
                 {
-                    statics_first = true;
-                    consistent = false;
-                    break;
-                }
-                for row in rows.rows::<EntryRow>().map_err(|e| self.shape_error(e))? {
-                    let row = row.map_err(|e| self.shape_error(e))?;
-                    let carried = (row.version, row.version_etag);
-                    if *view.get_or_insert(carried) != carried {
-                        consistent = false;
-                        break;
-                    }
-                    if row.silo.is_none() {
-                        continue; // the partition's static row: no entry
+                    let (row, heartbeat) = row.map_err(|e| self.shape_error(e))?.split();
+                    let Some(silo) = row.silo.clone() else {
+                        version_row = Some((row.version, row.version_etag));
+                        continue;
+                    };
+                    if let Some(heartbeat) = heartbeat {
+                        heartbeats.insert(silo.clone(), heartbeat);
                     }
                     if row.is_empty() {
-                        empty_rows.extend(row.silo);
+                        empty_rows.push(silo);
                         continue;
                     }
                     entry_rows += 1;
@@ -199,9 +182,6 @@ impl CassandraMembershipTable {
                         }
                     }
                 }
-                if !consistent {
-                    break;
-                }
                 if let PagingStateResponse::HasMorePages { state } = next {
                     page = Some(
                         self.read_page("read", read_rows, pk, state, true, Scan::Part(pk))
@@ -209,9 +189,13 @@ impl CassandraMembershipTable {
                     );
                 }
             }
+            let view = version_row.unwrap_or((None, None));
+            let consistent = pages <= 1 || {
+                let now = self.read_statics(pk).await?;
+                (now.version, now.version_etag) == view
+            };
             if consistent {
-                // No row at all: the partition does not exist (no version yet, or deleted).
-                let (version, version_etag) = view.unwrap_or((None, None));
+                let (version, version_etag) = view;
                 return Ok(PartitionRead {
                     version_lost: entry_rows > 0 && version.is_none() && version_etag.is_none(),
                     version: decode_version(version, version_etag)?,
@@ -227,7 +211,7 @@ impl CassandraMembershipTable {
                 cluster = cluster_id,
                 rows_seen = seen,
                 page_size = next_size,
-                "the version moved during a paged read, or an empty page came first; reading again"
+                "the version moved during a paged read; reading again"
             );
             if next_size > current {
                 let mut statement = st.read_rows.clone();
@@ -242,15 +226,17 @@ impl CassandraMembershipTable {
         })
     }
 
-    /// One entry with the partition's version and its heartbeat element, in one query.
-    /// `Ok(None)` when the row does not exist. Damage in this row is an error: the caller asked for it.
-    pub(super) async fn read_one(
+    /// The version's row and the silo's row of one `read_row.cql` (serial or at the commit
+    /// level): `(version cells, the silo's row with its heartbeat cell)`.
+    async fn read_pair(
         &self,
-        address: &SiloAddress,
+        key: &str,
         serial: bool,
-    ) -> Result<Option<(StoredEntry, TableVersion, Option<StoredHeartbeat>)>> {
+    ) -> Result<(
+        (Option<i64>, Option<Uuid>),
+        Option<(EntryRow, Option<StoredHeartbeat>)>,
+    )> {
         let st = self.statements().await?;
-        let key = address.to_string();
         let statement = if serial {
             &st.read_row
         } else {
@@ -261,118 +247,91 @@ impl CassandraMembershipTable {
                 "read_row",
                 statement,
                 ReadRowValues {
-                    heartbeat_key: &key,
                     service_id: self.service_id(),
                     cluster_id: &self.cluster_id,
-                    silo: &key,
+                    silo: key,
                 },
                 serial,
                 Scan::Part(self.pk()),
             )
             .await?;
-        let Some(row) = self.first_row::<EntryWithStaticsRow>(
-            result,
-            Some(&key),
-            "read returned no rows result",
-        )?
-        else {
+        let rows = result.into_rows_result().map_err(|e| {
+            MembershipError::corrupt(Some(key), format!("read returned no rows result: {e}"))
+        })?;
+        let mut version = (None, None);
+        let mut entry = None;
+        for row in rows
+            .rows::<EntryWithStaticsRow>()
+            .map_err(|e| self.shape_error(e))?
+        {
+            let (row, heartbeat) = row.map_err(|e| self.shape_error(e))?.split();
+            match row.silo.as_deref() {
+                None => version = (row.version, row.version_etag),
+                Some(silo) if silo == key => entry = Some((row, heartbeat)),
+                Some(_) => {} // no other key can match the names read
+            }
+        }
+        Ok((version, entry))
+    }
+
+    /// One entry with the partition's version and its heartbeat cell, in one query.
+    /// `Ok(None)` when the row holds no entry. Damage in this row is an error: the caller asked for it.
+    pub(super) async fn read_one(
+        &self,
+        address: &SiloAddress,
+        serial: bool,
+    ) -> Result<Option<(StoredEntry, TableVersion, Option<StoredHeartbeat>)>> {
+        let key = address.to_string();
+        let ((version, version_etag), row) = self.read_pair(&key, serial).await?;
+        let Some((row, heartbeat)) = row else {
             return Ok(None);
         };
-        let (row, heartbeat) = row.split();
         if row.is_empty() {
-            return Ok(None); // only a row marker is left: no entry (an insert may take the key)
+            return Ok(None); // only a heartbeat cell is left: no entry (an insert may take the key)
         }
-        if row.version.is_none() && row.version_etag.is_none() {
+        if version.is_none() && version_etag.is_none() {
             return Err(lost_version_error(Some(&key)));
         }
-        let version = decode_version(row.version, row.version_etag)?;
+        let version = decode_version(version, version_etag)?;
         let stored = decode_entry(row)
             .map_err(|(_, reason)| MembershipError::corrupt(Some(&key), reason))?;
         Ok(Some((stored, version, heartbeat)))
     }
 
-    /// `read_row`: the entry with the version, or the version alone, as one linearizable view.
-    /// One serial read when the row exists or another row sorts after its key (that row carries
-    /// the version of the same view); otherwise a second one, of the partition's last row.
+    /// `read_row`: the entry with the version, or the version alone, as one linearizable view —
+    /// one serial names read of the two rows. Without a version, and without the entry, the
+    /// partition is read whole: entries left without a version are a lost version (an error),
+    /// never an absent one (a write would restart it at 1); a partition with none is absent.
     pub(super) async fn read_row_snapshot(
         &self,
         address: &SiloAddress,
     ) -> Result<MembershipSnapshot> {
-        let st = self.statements().await?;
         let key = address.to_string();
-        let started = Instant::now();
-        for _ in 0..MAX_ATTEMPTS {
-            let from = ReadRowValues {
-                heartbeat_key: &key,
-                service_id: self.service_id(),
-                cluster_id: &self.cluster_id,
-                silo: &key,
-            };
-            if let Some(row) = self.read_one_of(&st.read_row_from, from, &key).await? {
-                return self.row_view(row, &key);
-            }
-            // Nothing at or after the key a moment ago. The last row now (or the static row of a
-            // partition without rows) sorting before the key proves the silo absent at the
-            // version it carries; one after it was inserted in between: look again.
-            let last = ReadLastRowValues {
-                heartbeat_key: &key,
-                service_id: self.service_id(),
-                cluster_id: &self.cluster_id,
-            };
-            match self.read_one_of(&st.read_last_row, last, &key).await? {
-                None => {
-                    return Ok(MembershipSnapshot {
-                        rows: Vec::new(),
-                        version: TableVersion::absent(),
-                    });
-                }
-                Some(row) if row.silo.as_deref().is_some_and(|s| s > key.as_str()) => {
-                    debug!(silo = %key, "a row sorting after the silo appeared; reading again");
-                }
-                Some(row) => return self.row_view(row, &key),
-            }
+        let ((version, version_etag), row) = self.read_pair(&key, true).await?;
+        let row = row.filter(|(row, _)| !row.is_empty());
+        if row.is_some() && version.is_none() && version_etag.is_none() {
+            return Err(lost_version_error(Some(&key)));
         }
-        Err(MembershipError::Contention {
-            operation: "read_row",
-            attempts: MAX_ATTEMPTS,
-            elapsed: started.elapsed(),
-        })
-    }
-
-    /// The first row of a serial `read_row*` statement, if any.
-    async fn read_one_of(
-        &self,
-        statement: &PreparedStatement,
-        values: impl SerializeRow,
-        key: &str,
-    ) -> Result<Option<EntryWithStaticsRow>> {
-        let result = self
-            .exec_read("read_row", statement, values, true, Scan::Part(self.pk()))
-            .await?;
-        self.first_row(result, Some(key), "read returned no rows result")
-    }
-
-    /// The snapshot a row read says: the silo's entry, or — when the row is another silo's (a
-    /// neighbour) or only a row marker — no entry, at the version that row carries.
-    fn row_view(&self, row: EntryWithStaticsRow, key: &str) -> Result<MembershipSnapshot> {
-        let (row, heartbeat) = row.split();
-        if row.silo.is_some()
-            && !row.is_empty()
-            && row.version.is_none()
-            && row.version_etag.is_none()
-        {
-            return Err(lost_version_error(Some(key)));
-        }
-        let version = decode_version(row.version, row.version_etag)?;
-        if row.silo.as_deref() != Some(key) || row.is_empty() {
+        let Some((row, heartbeat)) = row else {
+            if version.is_none() && version_etag.is_none() {
+                let whole = self.read_partition(self.pk()).await?;
+                if whole.version_lost {
+                    return Err(lost_version_error(None));
+                }
+                return Ok(MembershipSnapshot {
+                    rows: Vec::new(),
+                    version: whole.version,
+                });
+            }
             return Ok(MembershipSnapshot {
                 rows: Vec::new(),
-                version,
+                version: decode_version(version, version_etag)?,
             });
-        }
+        };
+        let version = decode_version(version, version_etag)?;
         // Damage in this row is an error: the caller asked for it.
-        let stored =
-            decode_entry(row).map_err(|(_, reason)| MembershipError::corrupt(Some(key), reason))?;
+        let stored = decode_entry(row)
+            .map_err(|(_, reason)| MembershipError::corrupt(Some(&key), reason))?;
         Ok(found(stored, version, heartbeat))
     }
 }

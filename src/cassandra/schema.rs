@@ -10,7 +10,9 @@ use super::CassandraMembershipTable;
 use super::bind::InitVersionValues;
 use super::errors::to_error;
 use super::exec::{Outcome, schema_lag};
-use super::statements::{self, create_keyspace_cql, create_table_cql};
+use super::statements::{
+    self, create_entry_type_cql, create_keyspace_cql, create_table_cql, entry_type_name,
+};
 use crate::error::{MembershipError, Result};
 
 /// How long `initialize` asks again before it reports a missing keyspace.
@@ -125,8 +127,12 @@ impl CassandraMembershipTable {
         }
         self.check_local_datacenter().await?;
         if self.table_settings().await?.is_none() {
+            // The entry type first: the table's `entry` column is of it.
+            self.schema_change(create_entry_type_cql(&o.keyspace, &o.table))
+                .await?;
             let ddl = create_table_cql(
                 &self.shared.qualified,
+                &o.table,
                 statements::table_id(&o.keyspace, &o.table),
                 o.ttl_seconds().unwrap_or(0),
                 o.gc_grace.as_secs(),
@@ -281,39 +287,36 @@ impl CassandraMembershipTable {
             descending |= name == "silo" && order.as_deref() == Some("desc");
             actual.insert(name, (ty, kind));
         }
-        let expected: &[(&str, &str, &str)] = &[
-            ("service_id", "text", "partition_key"),
-            ("cluster_id", "text", "partition_key"),
-            ("silo", "text", "clustering"),
-            ("version", "bigint", "static"),
-            ("version_etag", "uuid", "static"),
-            (
-                "heartbeats",
-                "map<text, frozen<tuple<timestamp, timestamp>>>",
-                "static",
-            ),
-            ("etag", "uuid", "regular"),
-            ("status", "int", "regular"),
-            (
-                "suspect_times",
-                "frozen<list<frozen<tuple<text, timestamp>>>>",
-                "regular",
-            ),
-            ("proxy_port", "int", "regular"),
-            ("host_name", "text", "regular"),
-            ("silo_name", "text", "regular"),
-            ("role_name", "text", "regular"),
-            ("update_zone", "int", "regular"),
-            ("fault_zone", "int", "regular"),
-            ("start_time", "timestamp", "regular"),
-            ("i_am_alive", "timestamp", "regular"),
-        ];
         if actual.is_empty() {
             return Err(MembershipError::SchemaMismatch {
                 table: self.shared.qualified.clone(),
                 detail: NO_COLUMNS.into(),
             });
         }
+        // The 0.2 shape is recognised by its static version or heartbeat map: it is never read,
+        // whatever else the table holds.
+        if ["version", "heartbeats"]
+            .iter()
+            .any(|c| actual.get(*c).is_some_and(|(_, kind)| kind == "static"))
+        {
+            return Err(MembershipError::TableNeedsMigration {
+                table: self.shared.qualified.clone(),
+            });
+        }
+        let entry_type = format!("frozen<{}>", entry_type_name(&o.table));
+        let expected: &[(&str, &str, &str)] = &[
+            ("service_id", "text", "partition_key"),
+            ("cluster_id", "text", "partition_key"),
+            ("silo", "text", "clustering"),
+            ("version", "bigint", "regular"),
+            ("version_etag", "uuid", "regular"),
+            ("entry", &entry_type, "regular"),
+            (
+                "heartbeat",
+                "frozen<tuple<timestamp, timestamp>>",
+                "regular",
+            ),
+        ];
         let mut problems = Vec::new();
         if descending {
             problems

@@ -12,29 +12,25 @@ use super::options::ConsistencyProfile;
 use super::retry::{ProviderRetryPolicy, StatementKind};
 
 pub(crate) const CREATE_KEYSPACE: &str = include_str!("../../cql/create_keyspace.cql");
+pub(crate) const CREATE_ENTRY_TYPE: &str = include_str!("../../cql/create_entry_type.cql");
 pub(crate) const CREATE_TABLE: &str = include_str!("../../cql/create_table.cql");
 const INIT_VERSION: &str = include_str!("../../cql/init_version.cql");
 const READ_STATICS: &str = include_str!("../../cql/read_statics.cql");
 const READ_ROWS: &str = include_str!("../../cql/read_rows.cql");
 const READ_ROW: &str = include_str!("../../cql/read_row.cql");
-const READ_ROW_FROM: &str = include_str!("../../cql/read_row_from.cql");
-const READ_LAST_ROW: &str = include_str!("../../cql/read_last_row.cql");
 const INSERT_ENTRY: &str = include_str!("../../cql/insert_entry.cql");
 const UPDATE_ENTRY: &str = include_str!("../../cql/update_entry.cql");
 const WRITE_VERSION: &str = include_str!("../../cql/write_version.cql");
 const HEARTBEAT: &str = include_str!("../../cql/heartbeat.cql");
 const DELETE_ENTRY: &str = include_str!("../../cql/delete_entry.cql");
 const DELETE_HEARTBEAT_BEFORE: &str = include_str!("../../cql/delete_heartbeat_before.cql");
-const DELETE_EMPTY_ROW: &str = include_str!("../../cql/delete_empty_row.cql");
 const DELETE_ROW: &str = include_str!("../../cql/delete_row.cql");
 const DELETE_STATICS: &str = include_str!("../../cql/delete_statics.cql");
 const DELETE_PARTITION: &str = include_str!("../../cql/delete_partition.cql");
 const ALTER_TABLE_TTL: &str = include_str!("../../cql/alter_table_ttl.cql");
-const REWRITE_ENTRY: &str = include_str!("../../cql/rewrite_entry.cql");
 const AUDIT_PARTITION: &str = include_str!("../../cql/audit_partition.cql");
 const READ_KEYS: &str = include_str!("../../cql/read_keys.cql");
 const READ_HEARTBEATS: &str = include_str!("../../cql/read_heartbeats.cql");
-const READ_HEARTBEAT_VALUES: &str = include_str!("../../cql/read_heartbeat_values.cql");
 const READ_TTLS: &str = include_str!("../../cql/read_ttls.cql");
 const READ_VERSION_TTL: &str = include_str!("../../cql/read_version_ttl.cql");
 const LIST_CLUSTERS: &str = include_str!("../../cql/list_clusters.cql");
@@ -81,14 +77,30 @@ pub(crate) fn table_id(keyspace: &str, table: &str) -> uuid::Uuid {
     )
 }
 
+/// The entry type's name for a table: `<table>_entry` (a validated table name stays a valid
+/// identifier with the suffix).
+pub(crate) fn entry_type_name(table: &str) -> String {
+    format!("{table}_entry")
+}
+
+/// The DDL creating the entry type of `table` in `keyspace`.
+pub(crate) fn create_entry_type_cql(keyspace: &str, table: &str) -> String {
+    CREATE_ENTRY_TYPE.replace(
+        "{entry_type}",
+        &qualified(keyspace, &entry_type_name(table)),
+    )
+}
+
 /// The DDL creating the table, from validated options.
 pub(crate) fn create_table_cql(
     qualified_table: &str,
+    table: &str,
     table_id: uuid::Uuid,
     default_ttl: u64,
     gc_grace_seconds: u64,
 ) -> String {
     bind_table(CREATE_TABLE, qualified_table)
+        .replace("{entry_type_name}", &quote(&entry_type_name(table)))
         .replace("{table_id}", &table_id.to_string())
         .replace("{default_time_to_live}", &default_ttl.to_string())
         .replace("{gc_grace_seconds}", &gc_grace_seconds.to_string())
@@ -106,36 +118,26 @@ pub(crate) struct Statements {
     pub(crate) read_statics: PreparedStatement,
     pub(crate) read_rows: PreparedStatement,
     pub(crate) read_row: PreparedStatement,
-    /// The row or, when missing, the next one: `read_row` in one statement.
-    pub(crate) read_row_from: PreparedStatement,
-    /// The partition's last row (or static row): `read_row`'s second step.
-    pub(crate) read_last_row: PreparedStatement,
     /// The same reads at the commit level (not serial), for lease renewals that a CAS verifies.
     pub(crate) read_row_quorum: PreparedStatement,
     pub(crate) heartbeat: PreparedStatement,
     pub(crate) delete_heartbeat_before: PreparedStatement,
     pub(crate) delete_entry: PreparedStatement,
-    pub(crate) delete_empty_row: PreparedStatement,
-    /// insert_entry + write_version: insert_row (expecting no row etag).
+    /// insert_entry + write_version: insert_row (expecting no entry).
     pub(crate) insert_batch: Batch,
-    /// update_entry + write_version: update_row, lease renewal (conditioned on the row etag and
-    /// the heartbeat element as read).
+    /// update_entry + write_version: update_row, lease renewal, a patch's rewrite (conditioned on
+    /// the row tag and the heartbeat cell as read).
     pub(crate) update_batch: Batch,
     pub(crate) delete_row: PreparedStatement,
     pub(crate) delete_statics: PreparedStatement,
     /// The whole partition, unfenced: `delete_cluster` of a partition no read can scan.
     pub(crate) delete_partition: PreparedStatement,
     pub(crate) write_version: PreparedStatement,
-    /// rewrite_entry + update_entry + write_version (the `patch` policy).
-    pub(crate) patch_batch: Batch,
     pub(crate) audit_partition: PreparedStatement,
     /// Every stored row key and the raw version tag (serial): `delete_cluster`.
     pub(crate) read_keys: PreparedStatement,
-    /// Heartbeat elements with their write times and TTLs (commit level); `None` where the
-    /// server refuses `WRITETIME()`/`TTL()` on a non-frozen map (ScyllaDB).
-    pub(crate) read_heartbeats: Option<PreparedStatement>,
-    /// Heartbeat elements alone (commit level): the fallback for `read_heartbeats`.
-    pub(crate) read_heartbeat_values: PreparedStatement,
+    /// Heartbeat cells with their write times and TTLs (commit level).
+    pub(crate) read_heartbeats: PreparedStatement,
     /// A row's and the version's current TTL (commit level), before a write with expiry on.
     pub(crate) read_ttls: PreparedStatement,
     /// The version's current TTL (commit level), before an insert with expiry on.
@@ -191,7 +193,6 @@ impl Statements {
         let insert_entry = prep(INSERT_ENTRY, commit).await?;
         let update_entry = prep(UPDATE_ENTRY, commit).await?;
         let write_version = prep(WRITE_VERSION, commit).await?;
-        let rewrite_entry = prep(REWRITE_ENTRY, commit).await?;
         // A heartbeat is a plain write with an explicit timestamp: repeating it is harmless.
         let heartbeat = idempotent(prep(HEARTBEAT, commit).await?);
         let delete_heartbeat_before = idempotent(prep(DELETE_HEARTBEAT_BEFORE, commit).await?);
@@ -200,13 +201,10 @@ impl Statements {
             read_statics: idempotent(prep(READ_STATICS, serial_read).await?),
             read_rows: idempotent(read_rows),
             read_row: idempotent(prep(READ_ROW, serial_read).await?),
-            read_row_from: idempotent(prep(READ_ROW_FROM, serial_read).await?),
-            read_last_row: idempotent(prep(READ_LAST_ROW, serial_read).await?),
             read_row_quorum: idempotent(prep(READ_ROW, commit).await?),
             heartbeat,
             delete_heartbeat_before,
             delete_entry: prep(DELETE_ENTRY, commit).await?,
-            delete_empty_row: prep(DELETE_EMPTY_ROW, commit).await?,
             insert_batch: batch(
                 profile,
                 routing,
@@ -224,25 +222,9 @@ impl Statements {
             // Plain and stamped by the coordinator: repeating it is harmless.
             delete_partition: idempotent(prep(DELETE_PARTITION, commit).await?),
             write_version: write_version.clone(),
-            patch_batch: batch(
-                profile,
-                routing,
-                request_timeout,
-                [&rewrite_entry, &update_entry, &write_version],
-            ),
             audit_partition: idempotent(prep(AUDIT_PARTITION, commit).await?),
             read_keys: idempotent(prep(READ_KEYS, serial_read).await?),
-            // Prepared on its own terms: a server that refuses it (ScyllaDB) must not make every
-            // other operation fail.
-            read_heartbeats: match prep(READ_HEARTBEATS, commit).await {
-                Ok(p) => Some(idempotent(p)),
-                Err(PrepareFailure::Refused(e)) => {
-                    tracing::warn!(error = %e, "the server refuses WRITETIME()/TTL() on the heartbeat map (ScyllaDB?); heartbeat elements are deleted at their own I-am-alive time");
-                    None
-                }
-                Err(e) => return Err(e),
-            },
-            read_heartbeat_values: idempotent(prep(READ_HEARTBEAT_VALUES, commit).await?),
+            read_heartbeats: idempotent(prep(READ_HEARTBEATS, commit).await?),
             read_ttls: idempotent(prep(READ_TTLS, commit).await?),
             read_version_ttl: idempotent(prep(READ_VERSION_TTL, commit).await?),
             list_clusters: idempotent(prep(LIST_CLUSTERS, commit).await?),

@@ -75,7 +75,6 @@ impl CassandraMembershipTable {
                 let values = UpdateEntryValues {
                     entry: row_values,
                     expected_etag: Some(expected_etag),
-                    heartbeat_key: &key,
                     expected_heartbeat,
                 };
                 self.versioned_write(&st.update_batch, (values, version_values), write)

@@ -80,9 +80,9 @@ async fn a_join_at_an_address_whose_row_is_damaged_fails_at_once() {
     // A row the provider cannot decode (an unknown status): an insert there can only conflict.
     s.query_unpaged(
         format!(
-            "UPDATE {KEYSPACE}.membership SET etag = uuid(), status = 42, suspect_times = [], \
-             proxy_port = 1, host_name = 'h', silo_name = 's', role_name = 'r', update_zone = 0, \
-             fault_zone = 0, start_time = toTimestamp(now()), i_am_alive = toTimestamp(now()) \
+            "UPDATE {KEYSPACE}.membership SET entry = {{etag: uuid(), status: 42, suspect_times: [], \
+             proxy_port: 1, host_name: 'h', silo_name: 's', role_name: 'r', update_zone: 0, \
+             fault_zone: 0, start_time: toTimestamp(now()), i_am_alive: toTimestamp(now())}} \
              WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ?"
         ),
         (cluster.as_str(), e.address.to_string()),

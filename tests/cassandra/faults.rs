@@ -260,7 +260,7 @@ async fn a_stored_version_at_its_maximum_is_corrupt_data() {
     s.query_unpaged(
         format!(
             "UPDATE {KEYSPACE}.membership SET version = ?, version_etag = ? \
-             WHERE service_id = 'test-service' AND cluster_id = ?"
+             WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ''"
         ),
         (i64::MAX, uuid::Uuid::new_v4(), table.cluster_id()),
     )
@@ -394,7 +394,7 @@ async fn an_ambiguous_insert_never_fences_a_missing_or_damaged_version_into_exis
     s.query_unpaged(
         format!(
             "UPDATE {KEYSPACE}.membership SET version = null, version_etag = ? \
-             WHERE service_id = 'test-service' AND cluster_id = ?"
+             WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ''"
         ),
         (tag, table.cluster_id()),
     )
@@ -412,7 +412,7 @@ async fn an_ambiguous_insert_never_fences_a_missing_or_damaged_version_into_exis
         .query_unpaged(
             format!(
                 "SELECT version, version_etag FROM {KEYSPACE}.membership \
-                 WHERE service_id = 'test-service' AND cluster_id = ?"
+                 WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ''"
             ),
             (table.cluster_id(),),
         )

@@ -1,6 +1,7 @@
 //! Cassandra-specific behaviour of the provider: schema, parallel initialization, isolation,
 //! damaged data, paging, statement costs.
 
+use scylla::value::CqlTimestamp;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -156,32 +157,29 @@ async fn damaged_rows_are_skipped_by_read_all_and_reported_by_read_row() {
     let mut good = new_entry(Timestamp::now());
     good.status = SiloStatus::Active;
     insert_next(&t, &good).await;
-    let complete = "etag = uuid(), status = 6, suspect_times = [], proxy_port = 1, host_name = 'h', \
-                    silo_name = 's', role_name = 'r', update_zone = 0, fault_zone = 0, \
-                    start_time = toTimestamp(now()), i_am_alive = toTimestamp(now())";
+    let complete = "entry = {etag: uuid(), status: 6, suspect_times: [], proxy_port: 1, host_name: 'h', \
+                    silo_name: 's', role_name: 'r', update_zone: 0, fault_zone: 0, \
+                    start_time: toTimestamp(now()), i_am_alive: toTimestamp(now())}";
     let damages = [
-        (
-            "10.9.0.1:1@1",
-            complete.replace("status = 6", "status = 42"),
-        ),
-        ("10.9.0.2:1@1", complete.replace("host_name = 'h', ", "")),
+        ("10.9.0.1:1@1", complete.replace("status: 6", "status: 42")),
+        ("10.9.0.2:1@1", complete.replace("host_name: 'h', ", "")),
         (
             "10.9.0.3:1@1",
             complete.replace(
-                "suspect_times = []",
-                "suspect_times = [('not-a-silo', toTimestamp(now()))]",
+                "suspect_times: []",
+                "suspect_times: [('not-a-silo', toTimestamp(now()))]",
             ),
         ),
         (
             "10.9.0.4:1@1",
             complete.replace(
-                "suspect_times = []",
-                "suspect_times = [('10.0.0.1:1@1', null)]",
+                "suspect_times: []",
+                "suspect_times: [('10.0.0.1:1@1', null)]",
             ),
         ),
         (
             "10.9.0.5:1@1",
-            complete.replace("proxy_port = 1", "proxy_port = 70000"),
+            complete.replace("proxy_port: 1", "proxy_port: 70000"),
         ),
         ("not a silo address", complete.to_owned()),
     ];
@@ -226,7 +224,8 @@ async fn damaged_rows_are_skipped_by_read_all_and_reported_by_read_row() {
         0
     );
     let stored = count_rows(&s, format!("SELECT silo FROM {KEYSPACE}.membership WHERE service_id = 'test-service' AND cluster_id = ?"), (&cluster,)).await;
-    assert_eq!(stored, damages.len() + 1);
+    // The damaged rows, the intact one and the version's row.
+    assert_eq!(stored, damages.len() + 2);
     let after = t.read_all().await.unwrap();
     let mut changed = good.clone();
     changed.status = SiloStatus::ShuttingDown;
@@ -242,7 +241,7 @@ async fn a_damaged_table_version_is_reported_as_corrupt() {
     let cluster = unique("badversion");
     let (s, t) = ready(&cluster).await;
     s.query_unpaged(
-        format!("UPDATE {KEYSPACE}.membership SET version = -5 WHERE service_id = 'test-service' AND cluster_id = ?"),
+        format!("UPDATE {KEYSPACE}.membership SET version = -5 WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ''"),
         (&cluster,),
     )
     .await
@@ -252,7 +251,7 @@ async fn a_damaged_table_version_is_reported_as_corrupt() {
         Err(MembershipError::CorruptData { .. })
     ));
     s.query_unpaged(
-        format!("DELETE version_etag FROM {KEYSPACE}.membership WHERE service_id = 'test-service' AND cluster_id = ?"),
+        format!("DELETE version_etag FROM {KEYSPACE}.membership WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ''"),
         (&cluster,),
     )
     .await
@@ -300,26 +299,28 @@ async fn reads_page_through_many_rows_and_stay_consistent() {
     assert!(reads > 0);
 }
 
-/// The row reads find an absent silo's neighbour in ascending key order: a table clustered
-/// the other way round has another shape.
+/// The version's row (`''`) sorts first in ascending key order, where a whole-partition read
+/// finds it on its first page: a table clustered the other way round has another shape.
 #[tokio::test]
 async fn a_table_clustered_in_descending_order_is_a_schema_mismatch() {
     let s = session_with_keyspace().await;
     let name = unique("desc").replace('-', "_")[..20].to_owned();
-    s.query_unpaged(
+    for ddl in [
         format!(
-            "CREATE TABLE {KEYSPACE}.{name} (service_id text, cluster_id text, silo text, \
-             version bigint static, version_etag uuid static, \
-             heartbeats map<text, frozen<tuple<timestamp, timestamp>>> static, etag uuid, status int, \
+            "CREATE TYPE {KEYSPACE}.{name}_entry (etag uuid, status int, \
              suspect_times frozen<list<frozen<tuple<text, timestamp>>>>, proxy_port int, host_name text, \
              silo_name text, role_name text, update_zone int, fault_zone int, start_time timestamp, \
-             i_am_alive timestamp, PRIMARY KEY ((service_id, cluster_id), silo)) \
+             i_am_alive timestamp)"
+        ),
+        format!(
+            "CREATE TABLE {KEYSPACE}.{name} (service_id text, cluster_id text, silo text, \
+             version bigint, version_etag uuid, entry frozen<{name}_entry>, \
+             heartbeat frozen<tuple<timestamp, timestamp>>, PRIMARY KEY ((service_id, cluster_id), silo)) \
              WITH CLUSTERING ORDER BY (silo DESC)"
         ),
-        (),
-    )
-    .await
-    .unwrap();
+    ] {
+        s.query_unpaged(ddl, ()).await.unwrap();
+    }
     s.await_schema_agreement().await.unwrap();
     let t = table_on(&s, options("c").table(&name));
     match t.initialize(true).await {
@@ -337,13 +338,73 @@ async fn a_table_clustered_in_descending_order_is_a_schema_mismatch() {
         .unwrap();
 }
 
+/// A table of the 0.2 shape (static version and heartbeat map, a column per entry field) is
+/// recognised and never read or written: `TableNeedsMigration`, naming the table.
+#[tokio::test]
+async fn a_table_of_the_old_shape_needs_migration_and_is_left_as_it_is() {
+    let s = session_with_keyspace().await;
+    let name = unique("old").replace('-', "_")[..20].to_owned();
+    s.query_unpaged(
+        format!(
+            "CREATE TABLE {KEYSPACE}.{name} (service_id text, cluster_id text, silo text, \
+             version bigint static, version_etag uuid static, \
+             heartbeats map<text, frozen<tuple<timestamp, timestamp>>> static, etag uuid, status int, \
+             suspect_times frozen<list<frozen<tuple<text, timestamp>>>>, proxy_port int, host_name text, \
+             silo_name text, role_name text, update_zone int, fault_zone int, start_time timestamp, \
+             i_am_alive timestamp, PRIMARY KEY ((service_id, cluster_id), silo))"
+        ),
+        (),
+    )
+    .await
+    .unwrap();
+    s.query_unpaged(
+        format!(
+            "UPDATE {KEYSPACE}.{name} SET version = 7, version_etag = uuid() \
+             WHERE service_id = 'test-service' AND cluster_id = 'c'"
+        ),
+        (),
+    )
+    .await
+    .unwrap();
+    s.await_schema_agreement().await.unwrap();
+    let t = table_on(&s, options("c").table(&name));
+    match t.initialize(true).await {
+        Err(e @ MembershipError::TableNeedsMigration { .. }) => {
+            let MembershipError::TableNeedsMigration { table } = &e else {
+                unreachable!()
+            };
+            assert_eq!(table, &format!("\"{KEYSPACE}\".\"{name}\""));
+            assert!(
+                e.to_string().contains("cassandra-membership migrate"),
+                "{e}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        t.read_all().await,
+        Err(MembershipError::TableNeedsMigration { .. } | MembershipError::SchemaMismatch { .. })
+    ));
+    // Nothing written: the old version is as it was.
+    let rows = count_rows(
+        &s,
+        format!("SELECT version FROM {KEYSPACE}.{name} WHERE service_id = 'test-service' AND cluster_id = 'c' AND version = 7 ALLOW FILTERING"),
+        (),
+    )
+    .await;
+    assert_eq!(rows, 1);
+    s.query_unpaged(format!("DROP TABLE {KEYSPACE}.{name}"), ())
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn a_table_of_another_shape_is_a_schema_mismatch() {
     let s = session_with_keyspace().await;
     let name = unique("shape").replace('-', "_")[..20].to_owned();
     s.query_unpaged(
         format!(
-            "CREATE TABLE {KEYSPACE}.{name} (service_id text, cluster_id text, silo text, status text, \
+            "CREATE TABLE {KEYSPACE}.{name} (service_id text, cluster_id text, silo text, entry text, \
              PRIMARY KEY ((service_id, cluster_id), silo))"
         ),
         (),
@@ -356,10 +417,10 @@ async fn a_table_of_another_shape_is_a_schema_mismatch() {
         Err(MembershipError::SchemaMismatch { table, detail }) => {
             assert_eq!(table, format!("\"{KEYSPACE}\".\"{name}\""));
             assert!(
-                detail.contains("column status is regular text, expected regular int"),
+                detail.contains("column entry is regular text, expected regular frozen<"),
                 "{detail}"
             );
-            assert!(detail.contains("column etag is missing"), "{detail}");
+            assert!(detail.contains("column heartbeat is missing"), "{detail}");
         }
         other => panic!("{other:?}"),
     }
@@ -468,8 +529,8 @@ async fn statement_costs_per_operation() {
     let v = t.read_all().await.unwrap().version;
     assert_eq!(
         cost("read_all", &t),
-        (1, 1, 0, 0),
-        "one serial page with the version, sent together with the heartbeat read"
+        (0, 1, 0, 0),
+        "one serial page: the version's row, the entries and their heartbeat cells"
     );
     assert!(t.insert_row(&e, &v.next()).await.unwrap());
     assert_eq!(cost("insert_row", &t), (0, 0, 0, 1));
@@ -481,15 +542,15 @@ async fn statement_costs_per_operation() {
     assert_eq!(
         cost("read_row (absent, a row after it)", &t),
         (0, 1, 0, 0),
-        "the next row carries the version"
+        "one names read of the version's row and the silo's"
     );
     assert!(after.rows.is_empty());
     assert_eq!(after.version, s.version);
     let before = t.read_row(&absent([127, 0, 0, 2])).await.unwrap();
     assert_eq!(
         cost("read_row (absent, rows before it)", &t),
-        (0, 2, 0, 0),
-        "the next row (none), then the last row, which sorts before the key"
+        (0, 1, 0, 0),
+        "one names read, wherever the key sorts"
     );
     assert!(before.rows.is_empty());
     assert_eq!(before.version, s.version);
@@ -498,7 +559,7 @@ async fn statement_costs_per_operation() {
     assert_eq!(
         cost("read_row (empty cluster)", &empty),
         (0, 2, 0, 0),
-        "the next row (none), then the last row (none: no partition)"
+        "the names read, then (no version) a read of the partition: entries without a version are a lost version, never an absent one"
     );
     assert!(nothing.rows.is_empty());
     assert_eq!(nothing.version, TableVersion::absent());
@@ -530,36 +591,56 @@ async fn statement_costs_per_operation() {
             .unwrap(),
         1
     );
-    // read_all + 1 plain read of the due heartbeat elements' write times (their deletes are
-    // stamped with them).
-    assert_eq!(cost("cleanup_defunct (1 removed)", &t), (2, 1, 1, 1));
+    // read_all, the entry's conditional delete, 1 plain read of the due heartbeat cells' write
+    // times and the delete of the cell left behind (stamped with its write time).
+    assert_eq!(cost("cleanup_defunct (1 removed)", &t), (1, 1, 1, 1));
     t.delete_cluster(t.cluster_id()).await.unwrap();
-    // The stored keys (serial), the batch, the heartbeat elements' write times, the check (serial).
+    // The stored keys (serial), the batch, the heartbeat cells' write times, the check (serial).
     assert_eq!(cost("delete_cluster (empty)", &t), (1, 2, 0, 1));
 }
 
+/// A row without an entry — a heartbeat cell that outlived it, or a bare row marker another
+/// program wrote — is no entry; cleanup removes the cell (at its own write time), and the key can
+/// be inserted again.
 #[tokio::test]
-async fn an_empty_row_marker_is_no_entry_and_cleanup_removes_it() {
+async fn a_row_without_an_entry_is_no_entry_and_cleanup_removes_its_heartbeat_cell() {
     let cluster = unique("marker");
     let (s, t) = ready(&cluster).await;
     let e = new_entry(Timestamp::now());
     let key = e.address.to_string();
-    // A row marker without cells: what a row inserted without TTL leaves once cells written
-    // later with a TTL have expired.
+    let past = Timestamp::now().as_millis() - 120_000;
+    s.query_unpaged(
+        format!(
+            "UPDATE {KEYSPACE}.membership USING TIMESTAMP ? SET heartbeat = (?, ?) \
+             WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ?"
+        ),
+        (
+            past * 1000,
+            CqlTimestamp(past),
+            CqlTimestamp(past),
+            &cluster,
+            &key,
+        ),
+    )
+    .await
+    .unwrap();
+    let marker = SiloAddress::new(std::net::SocketAddr::from(([10, 1, 1, 1], 1)), 1).unwrap();
     s.query_unpaged(
         format!("INSERT INTO {KEYSPACE}.membership (service_id, cluster_id, silo) VALUES ('test-service', ?, ?)"),
-        (&cluster, &key),
+        (&cluster, marker.to_string()),
     )
     .await
     .unwrap();
     assert!(t.read_all().await.unwrap().rows.is_empty());
-    assert!(t.read_row(&e.address).await.unwrap().rows.is_empty());
-    assert_eq!(
-        t.update_i_am_alive(&e.address, Timestamp::now())
-            .await
-            .unwrap(),
-        HeartbeatOutcome::NotFound
-    );
+    for address in [&e.address, &marker] {
+        assert!(t.read_row(address).await.unwrap().rows.is_empty());
+        assert_eq!(
+            t.update_i_am_alive(address, Timestamp::now())
+                .await
+                .unwrap(),
+            HeartbeatOutcome::NotFound
+        );
+    }
     assert_eq!(
         t.cleanup_defunct(Timestamp::now()).await.unwrap(),
         0,
@@ -571,16 +652,15 @@ async fn an_empty_row_marker_is_no_entry_and_cleanup_removes_it() {
         (&cluster, &key),
     )
     .await;
-    assert_eq!(left, 0, "cleanup removed the empty row");
-    // And an insert of that key works (also while such a marker exists: inserts need no etag).
-    s.query_unpaged(
-        format!("INSERT INTO {KEYSPACE}.membership (service_id, cluster_id, silo) VALUES ('test-service', ?, ?)"),
-        (&cluster, &e.address.to_string()),
-    )
-    .await
-    .unwrap();
-    insert_next(&t, &e).await;
-    assert_eq!(t.read_row(&e.address).await.unwrap().rows[0].entry, e);
+    assert_eq!(
+        left, 0,
+        "cleanup removed the heartbeat cell, and so the row"
+    );
+    // And an insert of the marker's key works (inserts expect no entry, not no row).
+    let mut at_marker = e.clone();
+    at_marker.address = marker;
+    insert_next(&t, &at_marker).await;
+    assert_eq!(t.read_row(&marker).await.unwrap().rows[0].entry, at_marker);
 }
 
 #[tokio::test]

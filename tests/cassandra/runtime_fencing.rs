@@ -149,7 +149,7 @@ async fn a_failed_lease_renewal_still_publishes_the_i_am_alive_time() {
     // version) cannot be written.
     s.query_unpaged(
         format!(
-            "DELETE version, version_etag FROM {KEYSPACE}.membership_ttl4 WHERE service_id = ? AND cluster_id = ?"
+            "DELETE version, version_etag FROM {KEYSPACE}.membership_ttl4 WHERE service_id = ? AND cluster_id = ? AND silo = ''"
         ),
         ("test-service", cluster.as_str()),
     )
@@ -162,9 +162,9 @@ async fn a_failed_lease_renewal_still_publishes_the_i_am_alive_time() {
     let element: Option<(Option<scylla::value::CqlTimestamp>, Option<scylla::value::CqlTimestamp>)> = s
         .query_unpaged(
             format!(
-                "SELECT heartbeats[?] FROM {KEYSPACE}.membership_ttl4 WHERE service_id = ? AND cluster_id = ? LIMIT 1"
+                "SELECT heartbeat FROM {KEYSPACE}.membership_ttl4 WHERE service_id = ? AND cluster_id = ? AND silo = ?"
             ),
-            (a.to_string(), "test-service", cluster.as_str()),
+            ("test-service", cluster.as_str(), a.to_string()),
         )
         .await
         .unwrap()

@@ -21,10 +21,10 @@ use crate::utils::{KEYSPACE, count_rows, options, session_with_keyspace, table_o
 async fn seed_dead_rows(s: &Session, cluster: &str, net: u8, rows: u32) {
     let insert = s
         .prepare(format!(
-            "INSERT INTO {KEYSPACE}.membership (service_id, cluster_id, silo, etag, status, \
-             suspect_times, proxy_port, host_name, silo_name, role_name, update_zone, fault_zone, \
-             start_time, i_am_alive) VALUES ('test-service', ?, ?, uuid(), 6, [], 11111, 'h', 's', \
-             'r', 0, 0, toTimestamp(now()), toTimestamp(now()))"
+            "UPDATE {KEYSPACE}.membership SET entry = {{etag: uuid(), status: 6, suspect_times: [], \
+             proxy_port: 11111, host_name: 'h', silo_name: 's', role_name: 'r', update_zone: 0, \
+             fault_zone: 0, start_time: toTimestamp(now()), i_am_alive: toTimestamp(now())}} \
+             WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ?"
         ))
         .await
         .unwrap();

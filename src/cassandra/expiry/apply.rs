@@ -273,19 +273,16 @@ impl PatchAttempt<'_> {
                     heartbeat,
                     ttl,
                 } => {
-                    let entry = || EntryValues::new(pk, &stored.entry, silo, stored.etag, ttl);
                     let values = (
-                        entry(),
                         UpdateEntryValues {
-                            entry: entry(),
+                            entry: EntryValues::new(pk, &stored.entry, silo, stored.etag, ttl),
                             expected_etag: Some(stored.etag),
-                            heartbeat_key: silo,
                             expected_heartbeat: heartbeat,
                         },
                         self.kept_version(plan.batch_version_ttl()),
                     );
                     counts.rewritten += 1;
-                    settle(table.conditional(PATCH, &st.patch_batch, values).await)?
+                    settle(table.conditional(PATCH, &st.update_batch, values).await)?
                 }
                 RowPatch::Remove {
                     silo,
@@ -297,7 +294,6 @@ impl PatchAttempt<'_> {
                         cluster_id: pk.cluster_id,
                         silo,
                         expected_etag: stored.etag,
-                        heartbeat_key: silo,
                         expected_heartbeat: heartbeat,
                     };
                     counts.removed += 1;

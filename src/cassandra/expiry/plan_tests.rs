@@ -451,7 +451,6 @@ fn cell(
         value: Some((Some(CqlTimestamp(0)), alive)),
         written,
         ttl,
-        dated_by_value: false,
     }
 }
 

@@ -10,6 +10,7 @@ use super::plan::{PartitionRows, Plan, ScanRow, plan};
 use super::ttl::TtlRules;
 use crate::cassandra::CassandraMembershipTable;
 use crate::cassandra::Pk;
+use crate::cassandra::decode::row_key;
 use crate::cassandra::exec::Scan;
 use crate::error::{MembershipError, Result};
 use crate::model::Timestamp;
@@ -80,7 +81,9 @@ impl CassandraMembershipTable {
                 .into_rows_result()
                 .map_err(|e| MembershipError::corrupt(None, format!("audit: {e}")))?;
             for row in rows.rows::<ScanRow>().map_err(|e| self.shape_error(e))? {
-                out.push(row.map_err(|e| self.shape_error(e))?);
+                let mut row = row.map_err(|e| self.shape_error(e))?;
+                row.silo = row_key(row.silo); // the version's row: no key
+                out.push(row);
             }
             match next {
                 PagingStateResponse::HasMorePages { state } => paging = state,

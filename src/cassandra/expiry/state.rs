@@ -13,6 +13,7 @@ use super::plan::{ScanRow, VersionFloor, version_floor};
 use super::ttl::{self, TtlRules, keep_longer, renewed_row_ttl};
 use crate::cassandra::CassandraMembershipTable;
 use crate::cassandra::bind::SiloKey;
+use crate::cassandra::decode::row_key;
 use crate::cassandra::exec::Scan;
 use crate::cassandra::options::MAX_TTL_SECONDS;
 use crate::error::{MembershipError, Result};
@@ -184,7 +185,20 @@ impl CassandraMembershipTable {
         let rows = r.into_rows_result().map_err(|e| {
             MembershipError::corrupt(Some(silo), format!("TTL read returned no rows: {e}"))
         })?;
-        rows.maybe_first_row().map_err(|e| self.shape_error(e))
+        let mut version_ttl = None;
+        let mut row_ttl = None;
+        for row in rows
+            .rows::<(Option<String>, Option<i32>, Option<i32>)>()
+            .map_err(|e| self.shape_error(e))?
+        {
+            let (key, etag_ttl, ttl) = row.map_err(|e| self.shape_error(e))?;
+            match row_key(key) {
+                None => version_ttl = ttl,
+                Some(key) if key == silo => row_ttl = Some(etag_ttl),
+                Some(_) => {}
+            }
+        }
+        Ok(row_ttl.map(|row| (row, version_ttl)))
     }
 
     /// The TTLs a membership write gives the row and the version. With expiry on, a write never

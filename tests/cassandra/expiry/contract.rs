@@ -42,7 +42,7 @@ async fn insert(t: &dyn MembershipTable, e: &MembershipEntry) {
     assert!(t.insert_row(e, &v.next()).await.unwrap());
 }
 
-/// Everything stored in a cluster's partition, read directly: rows, and whether static cells remain.
+/// Everything stored in a cluster's partition, read directly: its rows, the version's included.
 async fn raw_partition(s: &Session, table: &str, cluster: &str) -> usize {
     count_rows(s, format!("SELECT silo, version FROM {KEYSPACE}.{table} WHERE service_id = 'test-service' AND cluster_id = ?"), (cluster,)).await
 }
@@ -91,7 +91,7 @@ async fn never_early_an_entry_heartbeating_for_three_ttls_stays_complete() {
     let t = Arc::new(t);
     let e = new_entry(Timestamp::now());
     insert(t.as_ref(), &e).await;
-    let ttl = raw_ttl(&s, TABLE, &cluster, &e.address.to_string(), "status").await;
+    let ttl = raw_ttl(&s, TABLE, &cluster, &e.address.to_string(), "entry").await;
     assert!(
         matches!(ttl, Some(1..=6)),
         "cells must carry the write TTL, found {ttl:?}"

@@ -38,7 +38,8 @@ async fn delete_cluster_removes_every_row_and_the_statics_even_with_a_damaged_ve
     )
     .await
     .unwrap();
-    assert_eq!(raw_partition(&s, &table, "svc", &cluster).await, 4);
+    // The version's row, the entry inserted above and the three planted ones.
+    assert_eq!(raw_partition(&s, &table, "svc", &cluster).await, 5);
     t.delete_cluster(&cluster).await.unwrap();
     assert_eq!(
         raw_partition(&s, &table, "svc", &cluster).await,
@@ -49,8 +50,8 @@ async fn delete_cluster_removes_every_row_and_the_statics_even_with_a_damaged_ve
     assert!(t.read_all().await.unwrap().rows.is_empty());
     // A damaged version: negative, then without its tag.
     for damage in [
-        "UPDATE {t} SET version = -5 WHERE service_id = 'svc' AND cluster_id = ?",
-        "UPDATE {t} SET version_etag = null WHERE service_id = 'svc' AND cluster_id = ?",
+        "UPDATE {t} SET version = -5 WHERE service_id = 'svc' AND cluster_id = ? AND silo = ''",
+        "UPDATE {t} SET version_etag = null WHERE service_id = 'svc' AND cluster_id = ? AND silo = ''",
     ] {
         insert(&t, &new_entry(Timestamp::now())).await;
         s.query_unpaged(
@@ -85,8 +86,8 @@ async fn cleanup_removes_any_orphaned_heartbeat_element_whoever_wrote_it() {
     for (key, time) in [("127.0.0.1:9@9", old), ("127.0.0.1:8@8", i64::MIN)] {
         // Written "now" (the coordinator's timestamp), with an old I-am-alive time in it.
         s.query_unpaged(
-            format!("UPDATE {KEYSPACE}.{table} SET heartbeats[?] = (?, ?) WHERE service_id = 'svc' AND cluster_id = ?"),
-            (key, CqlTimestamp(old), CqlTimestamp(time), &cluster),
+            format!("UPDATE {KEYSPACE}.{table} SET heartbeat = (?, ?) WHERE service_id = 'svc' AND cluster_id = ? AND silo = ?"),
+            (CqlTimestamp(old), CqlTimestamp(time), &cluster, key),
         )
         .await
         .unwrap();

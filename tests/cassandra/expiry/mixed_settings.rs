@@ -273,27 +273,29 @@ async fn old_release_stamps_row_and_version(
     silo: &str,
     ttl: i32,
 ) {
-    let json: (String,) = s
-        .query_unpaged(
-            format!(
-                "SELECT JSON service_id, cluster_id, silo, etag, status, suspect_times, proxy_port, host_name, \
-                 silo_name, role_name, update_zone, fault_zone, start_time, i_am_alive, version, version_etag \
-                 FROM {KEYSPACE}.{table} WHERE service_id = 'svc' AND cluster_id = ? AND silo = ?"
-            ),
-            (cluster, silo),
+    // The entry's row and the version's row ('').
+    for (columns, key) in [("entry", silo), ("version, version_etag", "")] {
+        let json: (String,) = s
+            .query_unpaged(
+                format!(
+                    "SELECT JSON service_id, cluster_id, silo, {columns} \
+                     FROM {KEYSPACE}.{table} WHERE service_id = 'svc' AND cluster_id = ? AND silo = ?"
+                ),
+                (cluster, key),
+            )
+            .await
+            .unwrap()
+            .into_rows_result()
+            .unwrap()
+            .single_row()
+            .unwrap();
+        s.query_unpaged(
+            format!("INSERT INTO {KEYSPACE}.{table} JSON ? DEFAULT UNSET USING TTL ?"),
+            (json.0, ttl),
         )
         .await
-        .unwrap()
-        .into_rows_result()
-        .unwrap()
-        .single_row()
         .unwrap();
-    s.query_unpaged(
-        format!("INSERT INTO {KEYSPACE}.{table} JSON ? DEFAULT UNSET USING TTL ?"),
-        (json.0, ttl),
-    )
-    .await
-    .unwrap();
+    }
 }
 
 /// A silo with expiry off looks at its own row's and the version's TTL: a previous-release silo

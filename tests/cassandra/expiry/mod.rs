@@ -52,7 +52,7 @@ async fn insert(t: &dyn MembershipTable, e: &MembershipEntry) {
     panic!("insert kept losing races");
 }
 
-/// (silo, TTL(etag)) of every row of a partition, and TTL(version_etag).
+/// (silo, TTL(entry)) of every entry row of a partition, and TTL(version_etag) (row '').
 async fn ttls(
     s: &Session,
     table: &str,
@@ -61,7 +61,7 @@ async fn ttls(
 ) -> (Vec<(String, Option<i32>)>, Option<i32>) {
     let rows: Vec<(Option<String>, Option<i32>, Option<i32>)> = s
         .query_unpaged(
-            format!("SELECT silo, TTL(etag), TTL(version_etag) FROM {KEYSPACE}.{table} WHERE service_id = ? AND cluster_id = ?"),
+            format!("SELECT silo, TTL(entry), TTL(version_etag) FROM {KEYSPACE}.{table} WHERE service_id = ? AND cluster_id = ?"),
             (service, cluster),
         )
         .await
@@ -72,21 +72,24 @@ async fn ttls(
         .unwrap()
         .map(|r| r.unwrap())
         .collect();
-    let version = rows.first().and_then(|r| r.2);
+    let version = rows
+        .iter()
+        .find(|r| r.0.as_deref() == Some(""))
+        .and_then(|r| r.2);
     (
         rows.into_iter()
-            .filter_map(|(silo, t, _)| silo.map(|s| (s, t)))
+            .filter_map(|(silo, t, _)| silo.filter(|s| !s.is_empty()).map(|s| (s, t)))
             .collect(),
         version,
     )
 }
 
-/// The keys of a partition's heartbeat elements, as stored.
+/// The keys of a partition's heartbeat cells, as stored.
 async fn heartbeat_keys(s: &Session, table: &str, cluster: &str) -> Vec<String> {
-    type Elements = std::collections::BTreeMap<String, (CqlTimestamp, CqlTimestamp)>;
-    let rows: Vec<(Option<Elements>,)> = s
+    type Cell = (Option<CqlTimestamp>, Option<CqlTimestamp>);
+    let rows: Vec<(Option<String>, Option<Cell>)> = s
         .query_unpaged(
-            format!("SELECT heartbeats FROM {KEYSPACE}.{table} WHERE service_id = 'svc' AND cluster_id = ?"),
+            format!("SELECT silo, heartbeat FROM {KEYSPACE}.{table} WHERE service_id = 'svc' AND cluster_id = ?"),
             (cluster,),
         )
         .await
@@ -98,14 +101,14 @@ async fn heartbeat_keys(s: &Session, table: &str, cluster: &str) -> Vec<String> 
         .map(|r| r.unwrap())
         .collect();
     rows.into_iter()
-        .flat_map(|(m,)| m.unwrap_or_default().into_keys())
+        .filter_map(|(silo, cell)| cell.and(silo))
         .collect()
 }
 
 async fn raw_partition(s: &Session, table: &str, service: &str, cluster: &str) -> usize {
     count_rows(
         s,
-        format!("SELECT silo, version, heartbeats FROM {KEYSPACE}.{table} WHERE service_id = ? AND cluster_id = ?"),
+        format!("SELECT silo, version, heartbeat FROM {KEYSPACE}.{table} WHERE service_id = ? AND cluster_id = ?"),
         (service, cluster),
     )
     .await
@@ -125,9 +128,9 @@ async fn plant_row(
 ) {
     s.query_unpaged(
         format!(
-            "UPDATE {KEYSPACE}.{table} USING TTL ? SET etag = ?, status = ?, suspect_times = [], proxy_port = 30000, \
-             host_name = 'h', silo_name = 's', role_name = 'r', update_zone = 1, fault_zone = 2, start_time = ?, \
-             i_am_alive = ? WHERE service_id = ? AND cluster_id = ? AND silo = ?"
+            "UPDATE {KEYSPACE}.{table} USING TTL ? SET entry = {{etag: ?, status: ?, suspect_times: [], proxy_port: 30000, \
+             host_name: 'h', silo_name: 's', role_name: 'r', update_zone: 1, fault_zone: 2, start_time: ?, \
+             i_am_alive: ?}} WHERE service_id = ? AND cluster_id = ? AND silo = ?"
         ),
         (
             ttl,

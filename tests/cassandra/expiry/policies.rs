@@ -42,16 +42,21 @@ async fn table_default_ttl(s: &Session, table: &str) -> i32 {
 }
 
 async fn etag_ttls(s: &Session, table: &str) -> Vec<Option<i32>> {
-    s.query_unpaged(format!("SELECT TTL(etag) FROM {KEYSPACE}.{table}"), ())
-        .await
-        .unwrap()
-        .into_rows_result()
-        .unwrap()
-        .rows::<(Option<i32>,)>()
-        .unwrap()
-        .map(|r| r.unwrap().0)
-        .filter(|_| true)
-        .collect()
+    // Entry rows only: the versions' rows ('') hold no entry.
+    s.query_unpaged(
+        format!("SELECT silo, TTL(entry) FROM {KEYSPACE}.{table}"),
+        (),
+    )
+    .await
+    .unwrap()
+    .into_rows_result()
+    .unwrap()
+    .rows::<(String, Option<i32>)>()
+    .unwrap()
+    .map(|r| r.unwrap())
+    .filter(|(silo, _)| !silo.is_empty())
+    .map(|(_, ttl)| ttl)
+    .collect()
 }
 
 /// A table written with expiry off: one cluster with a live silo (heartbeat now) and a silo

@@ -66,7 +66,7 @@ async fn version_ttl(s: &Session, cluster: &str) -> Option<i32> {
     let row: Option<(Option<i32>,)> = s
         .query_unpaged(
             format!(
-                "SELECT TTL(version_etag) FROM {KEYSPACE}.{TABLE} WHERE service_id = 'test-service' AND cluster_id = ? LIMIT 1"
+                "SELECT TTL(version_etag) FROM {KEYSPACE}.{TABLE} WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ''"
             ),
             (cluster,),
         )
@@ -218,7 +218,7 @@ async fn a_version_left_without_ttl_is_repaired_by_a_start_of_the_same_configura
     insert(&t, &new_entry(Timestamp::now())).await;
     s.query_unpaged(
         format!(
-            "UPDATE {KEYSPACE}.{TABLE} USING TTL 0 SET version_etag = uuid() WHERE service_id = 'test-service' AND cluster_id = ?"
+            "UPDATE {KEYSPACE}.{TABLE} USING TTL 0 SET version_etag = uuid() WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ''"
         ),
         (&cluster,),
     )
@@ -251,7 +251,7 @@ async fn the_version_never_goes_backwards_when_it_is_lost_while_rows_stay() {
     assert_eq!(seen.version, 3);
     // The version's cells vanish while the rows stay (an interrupted delete, an expiry race).
     s.query_unpaged(
-        format!("DELETE version, version_etag FROM {KEYSPACE}.membership WHERE service_id = 'test-service' AND cluster_id = ?"),
+        format!("DELETE version, version_etag FROM {KEYSPACE}.membership WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ''"),
         (&cluster,),
     )
     .await
@@ -301,7 +301,7 @@ async fn a_damaged_version_at_start_is_corrupt_data_under_every_policy_and_is_ke
     insert(&t, &new_entry(Timestamp::now())).await;
     // The version number stays, its tag is gone.
     s.query_unpaged(
-        format!("DELETE version_etag FROM {KEYSPACE}.membership WHERE service_id = 'test-service' AND cluster_id = ?"),
+        format!("DELETE version_etag FROM {KEYSPACE}.membership WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ''"),
         (&cluster,),
     )
     .await
@@ -347,7 +347,7 @@ async fn a_version_that_expires_before_a_longer_lived_row_comes_back_above_its_o
     let before = t.read_all().await.unwrap().version;
     let (version, tag): (Option<i64>, Option<uuid::Uuid>) = s
         .query_unpaged(
-            format!("SELECT version, version_etag FROM {KEYSPACE}.{TABLE} WHERE service_id = 'test-service' AND cluster_id = ? LIMIT 1"),
+            format!("SELECT version, version_etag FROM {KEYSPACE}.{TABLE} WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ''"),
             (&cluster,),
         )
         .await
@@ -357,7 +357,7 @@ async fn a_version_that_expires_before_a_longer_lived_row_comes_back_above_its_o
         .first_row()
         .unwrap();
     s.query_unpaged(
-        format!("UPDATE {KEYSPACE}.{TABLE} USING TTL 1 SET version = ?, version_etag = ? WHERE service_id = 'test-service' AND cluster_id = ?"),
+        format!("UPDATE {KEYSPACE}.{TABLE} USING TTL 1 SET version = ?, version_etag = ? WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ''"),
         (version, tag, &cluster),
     )
     .await
@@ -386,29 +386,10 @@ async fn a_version_that_expires_before_a_longer_lived_row_comes_back_above_its_o
     );
 }
 
-/// Fills a partition with more cell tombstones than Cassandra's `tombstone_failure_threshold`
-/// (100,000 by default), in rows sorting after every silo address: a scan of the partition
-/// fails, a read of one row does not.
+/// Fills a partition with more row tombstones than Cassandra's `tombstone_failure_threshold`
+/// (100,000 by default): a scan of the partition fails, a names read of one row does not.
 async fn overwhelm_with_tombstones(s: &Session, table: &str, cluster: &str) {
-    use scylla::statement::batch::{Batch, BatchType};
-    let update = s
-        .prepare(format!(
-            "UPDATE {KEYSPACE}.{table} SET etag = null, status = null, suspect_times = null, proxy_port = null, \
-             host_name = null, silo_name = null, role_name = null, update_zone = null, fault_zone = null, \
-             start_time = null, i_am_alive = null WHERE service_id = 'svc' AND cluster_id = ? AND silo = ?"
-        ))
-        .await
-        .unwrap();
-    // 10,000 rows × 11 cells.
-    for b in 0..100 {
-        let mut batch = Batch::new(BatchType::Unlogged);
-        let mut values = Vec::new();
-        for i in 0..100 {
-            batch.append_statement(update.clone());
-            values.push((cluster, format!("zz-tombstone-{b:03}-{i:03}")));
-        }
-        s.batch(&batch, values).await.unwrap();
-    }
+    crate::buried::bury(s, &format!("{KEYSPACE}.{table}"), "svc", cluster, 100_100).await;
 }
 
 /// A renewal does not depend on a scan of the partition: when a scan fails, a live entry still
@@ -438,7 +419,7 @@ async fn a_failed_partition_scan_never_stops_a_renewal() {
     beating.abort();
     let scan = s
         .query_unpaged(
-            format!("SELECT silo, TTL(etag) FROM {KEYSPACE}.{table} WHERE service_id = 'svc' AND cluster_id = ?"),
+            format!("SELECT silo, TTL(entry) FROM {KEYSPACE}.{table} WHERE service_id = 'svc' AND cluster_id = ?"),
             (&cluster,),
         )
         .await;
