@@ -323,7 +323,7 @@ async fn members_shows_each_entry_with_status_zones_suspicions_ttl_and_marks() {
     t.session()
         .query_unpaged(
             format!(
-                "UPDATE {} SET status = 99 WHERE service_id = ? AND cluster_id = ? AND silo = ?",
+                "UPDATE {} SET entry = {{status: 99}} WHERE service_id = ? AND cluster_id = ? AND silo = ?",
                 t.qualified_table()
             ),
             (SERVICE, "blue", "by-hand"),
@@ -851,7 +851,7 @@ async fn clusters_exits_1_when_a_cluster_cannot_be_read_and_still_prints_the_oth
     blue.session()
         .query_unpaged(
             format!(
-                "UPDATE {} SET version = -1 WHERE service_id = ? AND cluster_id = ?",
+                "UPDATE {} SET version = -1 WHERE service_id = ? AND cluster_id = ? AND silo = ''",
                 blue.qualified_table()
             ),
             (SERVICE, "blue"),
@@ -882,7 +882,7 @@ async fn delete_cluster_removes_a_cluster_whose_version_is_damaged_and_names_a_m
     blue.session()
         .query_unpaged(
             format!(
-                "UPDATE {} SET version = -1 WHERE service_id = ? AND cluster_id = ?",
+                "UPDATE {} SET version = -1 WHERE service_id = ? AND cluster_id = ? AND silo = ''",
                 blue.qualified_table()
             ),
             (SERVICE, "blue"),

@@ -182,3 +182,156 @@ async fn a_silo_of_a_buried_cluster_fences_naming_the_tombstones() {
         .await
         .expect("the buried cluster is removed");
 }
+
+/// A table of its own with expiry on and a TTL longer than the test (its rows must not expire
+/// while the partition is buried).
+async fn long_ttl_table(
+    s: &std::sync::Arc<Session>,
+    cluster: &str,
+) -> (String, cassandra_membership::CassandraMembershipTable) {
+    let name = unique("tomb_ttl").replace('-', "_")[..24].to_owned();
+    let mut m = cassandra_membership::MembershipOptions::default();
+    m.defunct_silo_expiration = std::time::Duration::from_secs(300);
+    let t = table_on(s, options(cluster).table(&name).ttl(true).membership(m));
+    t.initialize(true).await.unwrap();
+    (name, t)
+}
+
+/// No statement that wants only the version or one row scans the rows of other generations: on
+/// a partition buried past the failure threshold, a silo still reads its row, joins (with expiry
+/// on: the version's TTL read first), updates its entry and renews its lease; only the read of
+/// the whole partition meets the tombstones. (On the 0.2 shape the version's TTL read scanned
+/// every tombstone ahead of the first live row, and `insert_row` failed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_and_writes_of_the_version_or_one_row_scan_no_tombstones() {
+    let cluster = unique("tombstones-rows");
+    let s = session_with_keyspace().await;
+    let (name, t) = long_ttl_table(&s, &cluster).await;
+    let first = new_entry(Timestamp::now());
+    let v = t.read_all().await.unwrap().version;
+    assert!(t.insert_row(&first, &v.next()).await.unwrap());
+
+    let started = Instant::now();
+    crate::buried::bury(
+        &s,
+        &format!("{KEYSPACE}.{name}"),
+        "test-service",
+        &cluster,
+        FAILURE_THRESHOLD + 100,
+    )
+    .await;
+    eprintln!("buried in {:?}", started.elapsed());
+
+    // A table value that knows nothing yet (no lease): every path reads what it needs.
+    let fresh = t.for_cluster(cluster.clone()).unwrap();
+    let own = fresh.read_row(&first.address).await.expect("read_row");
+    assert_eq!(own.rows.len(), 1);
+    let second = new_entry(Timestamp::now());
+    assert!(
+        fresh
+            .insert_row(&second, &own.version.next())
+            .await
+            .expect("insert_row reads the version's TTL by name"),
+        "the join applies"
+    );
+    let row = fresh.read_row(&second.address).await.unwrap();
+    let mut active = second.clone();
+    active.status = cassandra_membership::SiloStatus::Active;
+    assert!(
+        fresh
+            .update_row(&active, &row.rows[0].etag, &row.version.next())
+            .await
+            .expect("update_row reads the row's and the version's TTLs by name")
+    );
+    let renewing = t.for_cluster(cluster.clone()).unwrap();
+    assert!(matches!(
+        renewing
+            .update_i_am_alive(&first.address, Timestamp::now())
+            .await
+            .expect("a lease check and renewal"),
+        cassandra_membership::HeartbeatOutcome::Refreshed { .. }
+    ));
+    assert!(matches!(
+        fresh.read_all().await,
+        Err(MembershipError::TooManyTombstones { .. })
+    ));
+    fresh.delete_cluster(&cluster).await.unwrap();
+    s.query_unpaged(format!("DROP TABLE {KEYSPACE}.{name}"), ())
+        .await
+        .unwrap();
+}
+
+/// What the shape is for: an expired generation leaves two tombstone cells (its entry and its
+/// heartbeat), so `read_all` still answers with 45,000 expired generations in its partition
+/// (90,000 cells, under the failure threshold of 100,000; the 0.2 shape left eleven per
+/// generation and failed past ~9,000), and the count it reports is two per generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_all_answers_with_45000_expired_generations() {
+    use futures::StreamExt as _;
+    const GENERATIONS: usize = 45_000;
+    let cluster = unique("tombstones-churn");
+    let s = session_with_keyspace().await;
+    let (name, t) = long_ttl_table(&s, &cluster).await;
+    let live = new_entry(Timestamp::now());
+    let v = t.read_all().await.unwrap().version;
+    assert!(t.insert_row(&live, &v.next()).await.unwrap());
+
+    // Expired generations as the provider leaves them: an entry cell and a heartbeat cell,
+    // written with a TTL that runs out (plain writes, past the provider, for speed).
+    let started = Instant::now();
+    let write = s
+        .prepare(format!(
+            "UPDATE {KEYSPACE}.{name} USING TTL 1 SET entry = {{etag: uuid(), status: 6, \
+             suspect_times: [], proxy_port: 1, host_name: 'h', silo_name: 's', role_name: 'r', \
+             update_zone: 0, fault_zone: 0, start_time: toTimestamp(now()), \
+             i_am_alive: toTimestamp(now())}}, heartbeat = (toTimestamp(now()), toTimestamp(now())) \
+             WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ?"
+        ))
+        .await
+        .unwrap();
+    let (write, cluster_ref) = (&write, cluster.as_str());
+    futures::stream::iter(0..GENERATIONS)
+        .map(|i| {
+            let s = &s;
+            async move {
+                let key = format!(
+                    "10.{}.{}.{}:11111@{}",
+                    i / 65_536,
+                    (i / 256) % 256,
+                    i % 256,
+                    i
+                );
+                s.execute_unpaged(write, (cluster_ref, key))
+                    .await
+                    .expect("a plain write")
+            }
+        })
+        .buffer_unordered(128)
+        .for_each(|_| async {})
+        .await;
+    eprintln!(
+        "{GENERATIONS} generations written in {:?}",
+        started.elapsed()
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(2_100)).await;
+
+    let started = Instant::now();
+    let snapshot = t
+        .read_all()
+        .await
+        .expect("read_all with 45,000 expired generations");
+    eprintln!("read_all in {:?}", started.elapsed());
+    assert_eq!(snapshot.rows.len(), 1, "only the live entry");
+    assert_eq!(snapshot.rows[0].entry, live);
+    let scanned = t
+        .tombstones_scanned()
+        .expect("a read past the warning threshold reports its tombstones");
+    assert!(
+        (2 * GENERATIONS as u64..=2 * GENERATIONS as u64 + 10).contains(&scanned),
+        "{scanned} tombstones reported for {GENERATIONS} expired generations: two each"
+    );
+    t.delete_cluster(&cluster).await.unwrap();
+    s.query_unpaged(format!("DROP TABLE {KEYSPACE}.{name}"), ())
+        .await
+        .unwrap();
+}

@@ -129,8 +129,8 @@ async fn every_statement_of_every_operation_is_coordinated_in_the_local_dc() {
         ("DDL", "CREATE TABLE"),
         ("a schema read", "FROM system_schema"),
         ("a serial read of the rows", "SELECT silo, version"),
-        ("a heartbeat", "SET heartbeats["),
-        ("a cleanup delete", "DELETE FROM"),
+        ("a heartbeat", "SET heartbeat ="),
+        ("a cleanup delete", "DELETE "),
     ] {
         assert!(
             seen.iter().any(|(_, _, q)| q.contains(fragment)),
