@@ -100,7 +100,7 @@ pub enum MembershipError {
 
     /// The table has the shape of cassandra-membership 0.2 and earlier (one column per entry
     /// field, the version and a heartbeat map in static columns), which this release never
-    /// reads or writes: every expired generation there costs eleven tombstones a read scans.
+    /// reads or writes: every expired generation there costs eleven tombstone cells (and a map element) a read scans.
     /// Nothing was written. Stop the cluster's silos, copy the table with
     /// `cassandra-membership migrate --to-table <new table>` (resumable; the old table is left as
     /// it is), and configure the new table. See the guide's migration page.

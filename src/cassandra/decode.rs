@@ -95,7 +95,7 @@ impl EntryRow {
     }
 }
 
-/// An entry as stored, before the heartbeat element is merged in.
+/// An entry as stored, before the heartbeat cell is merged in.
 #[derive(Clone, Debug)]
 pub(crate) struct StoredEntry {
     pub(crate) entry: MembershipEntry,

@@ -1,5 +1,5 @@
 //! The tags a read hands out and a write expects: the version's (a UUID, or absent) and a row's
-//! (its UUID with the heartbeat element the read saw). Text this provider never issued parses
+//! (its UUID with the heartbeat cell the read saw). Text this provider never issued parses
 //! to `None`, and so can never match.
 
 use scylla::value::CqlTimestamp;
@@ -18,10 +18,10 @@ pub(super) fn parse_etag(etag: &ETag) -> Option<Option<Uuid>> {
     }
 }
 
-/// The row etag a read hands out: the row's tag, and the entry's heartbeat element as the read
-/// saw it (`<uuid>` without an element, `<uuid>/<start ms>/<I-am-alive ms>` with one, `-` for a
+/// The row etag a read hands out: the row's tag, and the entry's heartbeat cell as the read
+/// saw it (`<uuid>` without a heartbeat cell, `<uuid>/<start ms>/<I-am-alive ms>` with one, `-` for a
 /// null field). A write decided on the read is conditioned on both (`update_entry.cql`), so a
-/// death vote cannot apply once the suspect heartbeat again: heartbeats change the element, not
+/// death vote cannot apply once the suspect heartbeat again: heartbeats change that cell, not
 /// the row, and a tag of the row alone would not notice.
 pub(crate) fn row_etag(etag: Uuid, heartbeat: Option<StoredHeartbeat>) -> ETag {
     let field = |t: Option<CqlTimestamp>| t.map_or_else(|| "-".to_owned(), |t| t.0.to_string());
@@ -31,7 +31,7 @@ pub(crate) fn row_etag(etag: Uuid, heartbeat: Option<StoredHeartbeat>) -> ETag {
     }
 }
 
-/// The row tag and heartbeat element a [`row_etag`] names; `None` for a text no read of this
+/// The row tag and heartbeat cell a [`row_etag`] names; `None` for a text no read of this
 /// provider hands out (which can never match).
 pub(crate) fn parse_row_etag(etag: &ETag) -> Option<(Uuid, Option<StoredHeartbeat>)> {
     let field = |f: &str| -> Option<Option<CqlTimestamp>> {
@@ -55,7 +55,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn row_etags_round_trip_with_and_without_a_heartbeat_element() {
+    fn row_etags_round_trip_with_and_without_a_heartbeat_cell() {
         let id = Uuid::new_v4();
         let cases = [
             None,

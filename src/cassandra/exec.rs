@@ -389,7 +389,7 @@ impl CassandraMembershipTable {
         .await
     }
 
-    /// A plain write (a heartbeat element's write or delete): idempotent, stamped by the
+    /// A plain write (a heartbeat cell's write or delete): idempotent, stamped by the
     /// statement, sent once here (the statement's retry policy may repeat it).
     pub(super) async fn exec_plain(
         &self,

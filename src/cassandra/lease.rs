@@ -47,7 +47,7 @@ pub(super) struct LeaseState {
     /// wall-clock steps.
     renewed_mono: std::time::Instant,
     dead: bool,
-    /// The entry's start time: heartbeat elements carry it to name their incarnation.
+    /// The entry's start time: heartbeat cells carry it to name their incarnation.
     start_time: Timestamp,
 }
 
@@ -202,7 +202,7 @@ impl CassandraMembershipTable {
     }
 
     /// Rewrites the entry as read and the version `(number, expected tag, new tag)` with the
-    /// renewal's TTLs, conditionally on both tags and the heartbeat element as read. `false`:
+    /// renewal's TTLs, conditionally on both tags and the heartbeat cell as read. `false`:
     /// a membership change won the race.
     async fn rewrite_unchanged(
         &self,
@@ -223,7 +223,7 @@ impl CassandraMembershipTable {
                     rewrite.row_ttl,
                 ),
                 expected_etag: Some(stored.etag),
-                // The element as read: only this silo writes it, and none of its heartbeats is
+                // The cell as read: only this silo writes it, and none of its heartbeats is
                 // in flight now (a late one costs one more read).
                 expected_heartbeat: heartbeat,
             },
@@ -250,7 +250,7 @@ impl CassandraMembershipTable {
         }
     }
 
-    /// `update_i_am_alive`: one plain write of the entry's heartbeat element, plus a check (and
+    /// `update_i_am_alive`: one plain write of the entry's heartbeat cell, plus a check (and
     /// with TTL a renewal) of the entry once per renewal interval.
     pub(super) async fn heartbeat(
         &self,

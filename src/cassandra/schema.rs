@@ -283,7 +283,7 @@ impl CassandraMembershipTable {
         {
             let (name, ty, kind, order) = row
                 .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?;
-            // The row reads rely on ascending keys (the neighbour of an absent silo).
+            // A paged read finds the version's row ('') on its first page: ascending keys.
             descending |= name == "silo" && order.as_deref() == Some("desc");
             actual.insert(name, (ty, kind));
         }

@@ -93,7 +93,7 @@ impl CassandraMembershipTable {
         let mut longest = None;
         for row in self.scan_partition(pk).await? {
             if row.silo.is_none() || row.etag.is_none() {
-                continue; // the static row, or a marker-only row (no entry to outlive)
+                continue; // the version's row, or a row without an entry (nothing to outlive)
             }
             match row.etag_ttl {
                 Some(t) => longest = Some(longest.unwrap_or(1).max(t)),

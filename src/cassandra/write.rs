@@ -37,7 +37,7 @@ impl CassandraMembershipTable {
                 ),
             )
         })?;
-        // An update expects the row tag and the heartbeat element its read saw (`row_etag`).
+        // An update expects the row tag and the heartbeat cell its read saw (`row_etag`).
         let expected_row = match row_etag {
             None => None,
             Some(etag) if etag.is_absent() => None,

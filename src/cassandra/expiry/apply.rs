@@ -169,7 +169,7 @@ impl CassandraMembershipTable {
         Ok(())
     }
 
-    /// Patches one partition: its rows, then its version, then its heartbeat elements; reads
+    /// Patches one partition: its rows, then its version, then its heartbeat cells; reads
     /// and plans again when a write does not apply. Hard errors are returned as such.
     async fn patch_partition(&self, pk: Pk<'_>) -> Result<(usize, usize)> {
         let st = self.statements().await?;
@@ -207,7 +207,7 @@ impl CassandraMembershipTable {
         })
     }
 
-    /// Gives heartbeat elements the TTL the configuration implies, or removes them
+    /// Gives heartbeat cells the TTL the configuration implies, or removes them
     /// ([`Plan::heartbeat_patch`]). Each write is stamped relative to the element's own write
     /// time: a newer heartbeat always wins, and a later delete (stamped with the element's write
     /// time) still removes it.

@@ -27,7 +27,7 @@ pub enum PatchAction {
     KeepWhileLive,
 }
 
-/// One row of the audit. `silo` is `None` for the cluster's table version (its static cells).
+/// One row of the audit. `silo` is `None` for the cluster's table version (its row `''`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RowAudit {
     /// The row's service id.

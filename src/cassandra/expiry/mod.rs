@@ -16,7 +16,7 @@
 //!
 //! Other clusters' rows are never read for the verdict and never written.
 //!
-//! The parts, leaves first (no file uses one listed after it); heartbeat elements as stored are
+//! The parts, leaves first (no file uses one listed after it); heartbeat cells as stored are
 //! `../heartbeats.rs`'s:
 //! - `ttl.rs`: TTL arithmetic and the rules every decision shares (floors, caps, renewals);
 //! - `audit.rs`: the public audit types;

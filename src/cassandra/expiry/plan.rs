@@ -1,7 +1,7 @@
 //! The pure planner: from the rows of one cluster's partition — the serial read of its entries
 //! and the plain scan of its tags and TTLs — and the time, what the audit reports and what
 //! `patch` and the version repair write: which rows stay, get a TTL or go; whether the version
-//! is rewritten, removed or written afresh; which heartbeat elements are restamped or removed;
+//! is rewritten, removed or written afresh; which heartbeat cells are restamped or removed;
 //! and what the version must outlive. No IO and no clock: the reads are given, and so is `now`.
 
 use std::collections::{HashMap, HashSet};
@@ -79,7 +79,7 @@ pub(super) struct Plan {
     /// What the version must outlive among the rows that stay.
     pub(super) floor: VersionFloor,
     /// Something stays that storage never removes (a row or the version without TTL, an
-    /// unreadable row, a marker-only row).
+    /// unreadable row, a row left with only its heartbeat cell).
     pub(super) leftovers: bool,
     /// Silos whose rows stay as they are because their silo may be live.
     pub(super) live_kept: HashSet<String>,
@@ -95,7 +95,7 @@ pub(super) enum RowPatch<'a> {
         heartbeat: Option<StoredHeartbeat>,
         ttl: i32,
     },
-    /// Delete the row, and its heartbeat element.
+    /// Delete the entry (its cell; the heartbeat cell left goes at its own write time).
     Remove {
         silo: &'a str,
         stored: &'a StoredEntry,
@@ -110,11 +110,11 @@ pub(super) enum VersionPatch {
     Leave,
     /// Rewrite it, unchanged, with this TTL.
     Rewrite { ttl: i32 },
-    /// Remove the static cells: no row stays.
+    /// Remove the version (its row): no entry stays.
     DeleteStatics,
 }
 
-/// What `patch` does with one heartbeat element. Writes are stamped relative to the element's
+/// What `patch` does with one heartbeat cell. Writes are stamped relative to the cell's
 /// own write time (`written`, µs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum CellPatch {
@@ -180,7 +180,7 @@ pub(super) fn plan(rows: PartitionRows<'_>, now: Timestamp, rules: &TtlRules) ->
     }
 }
 
-/// The version's static cells as scanned.
+/// The version's cells (row `''`) as scanned.
 struct StoredVersion {
     ttl: Option<i32>,
     written_micros: Option<i64>,
@@ -212,7 +212,7 @@ impl Planner<'_> {
     fn row_without_entry(&mut self, silo: &str, row: &ScanRow, marker_only: bool) {
         let rules = self.rules;
         if marker_only || row.etag.is_none() {
-            // Only a marker (or null cells) left: no entry; defunct cleanup removes it.
+            // Only a heartbeat cell (or a marker) left: no entry; defunct cleanup removes the cell.
             self.leftovers = true;
         } else if rules.expiry_on != row.etag_ttl.is_some()
             || (rules.expiry_on && !rules.bounded(row.etag_ttl))
@@ -405,9 +405,9 @@ impl Plan {
         }
     }
 
-    /// What `patch` does with a heartbeat element read at `now`: it gets the TTL the
-    /// configuration implies — except elements of silos that may be live and run without TTL —
-    /// or goes when already past it. An element without a write time cannot be dated: it stays.
+    /// What `patch` does with a heartbeat cell read at `now`: it gets the TTL the
+    /// configuration implies — except cells of silos that may be live and run without TTL — or
+    /// goes when already past it. A cell without a write time cannot be dated: it stays.
     pub(super) fn heartbeat_patch(
         &self,
         cell: &HeartbeatCell,

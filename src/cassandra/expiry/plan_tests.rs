@@ -88,7 +88,7 @@ impl Partition {
         self
     }
 
-    /// The entry's heartbeat element: its incarnation (`start_ago`) alive `alive_ago` seconds ago.
+    /// The entry's heartbeat cell: its incarnation (`start_ago`) alive `alive_ago` seconds ago.
     fn heartbeat(mut self, port: u16, start_ago: i64, alive_ago: i64) -> Self {
         let (start, alive) = (ago(start_ago).as_millis(), ago(alive_ago).as_millis());
         self.read.heartbeats.insert(
