@@ -50,8 +50,8 @@ pub mod conformance;
 pub use cassandra::TlsOptions;
 pub use cassandra::{
     CassandraClusteringOptions, CassandraMembershipTable, ClusterInspection, ConsistencyProfile,
-    Credentials, EXPIRY_HORIZON_UNIX_SECONDS, EntryInspection, MAX_TTL_SECONDS, PatchAction,
-    RowAudit, StatementCounts, TtlAudit, TtlMismatchPolicy,
+    Credentials, EXPIRY_HORIZON_UNIX_SECONDS, EntryConditions, EntryInspection, MAX_TTL_SECONDS,
+    PatchAction, RowAudit, StatementCounts, TtlAudit, TtlMismatchPolicy,
 };
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use error::{BoxError, MembershipError, Result};

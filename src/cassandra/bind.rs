@@ -1,10 +1,14 @@
 //! Bind values: one struct per statement file, field names being the bind marker names.
 
-use scylla::SerializeRow;
+use scylla::serialize::SerializationError;
+use scylla::serialize::row::{RowSerializationContext, SerializeRow};
+use scylla::serialize::writers::RowWriter;
 use scylla::value::CqlTimestamp;
+use scylla::{SerializeRow, SerializeValue};
 use uuid::Uuid;
 
 use super::Pk;
+use super::decode::StoredEntry;
 use super::heartbeats::StoredHeartbeat;
 use crate::model::{MembershipEntry, Timestamp};
 
@@ -23,7 +27,7 @@ pub(super) struct ReadRowValues<'a> {
     pub(super) silo: &'a str,
 }
 
-#[derive(SerializeRow)]
+#[derive(Clone, SerializeRow)]
 pub(super) struct EntryValues<'a> {
     pub(super) service_id: &'a str,
     pub(super) cluster_id: &'a str,
@@ -75,13 +79,116 @@ impl<'a> EntryValues<'a> {
     }
 }
 
-#[derive(SerializeRow)]
+/// The entry a conditional write expects: its tag (`IF entry.etag = ?`), or the whole value as
+/// read (`IF entry = ?`, where the server compares no field: see `EntryConditions`).
+#[derive(Clone)]
+pub(super) enum Expected<'a> {
+    Tag(Option<Uuid>),
+    Whole(Option<EntryUdt<'a>>),
+}
+
+impl<'a> Expected<'a> {
+    /// `stored` expected by tag, or whole when the statements compare whole values.
+    pub(super) fn of(whole: bool, stored: &'a StoredEntry) -> Self {
+        if whole {
+            Expected::Whole(Some(EntryUdt::of(stored)))
+        } else {
+            Expected::Tag(Some(stored.etag))
+        }
+    }
+}
+
+/// The entry as one value of the table's entry type: what a whole-value condition compares.
+/// The same fields, values and order as the `entry = {...}` the provider writes, so a stored
+/// entry and this value of it serialize to the same bytes.
+#[derive(Clone, SerializeValue)]
+pub(super) struct EntryUdt<'a> {
+    etag: Uuid,
+    status: i32,
+    suspect_times: Vec<(String, CqlTimestamp)>,
+    proxy_port: i32,
+    host_name: &'a str,
+    silo_name: &'a str,
+    role_name: &'a str,
+    update_zone: i32,
+    fault_zone: i32,
+    start_time: CqlTimestamp,
+    i_am_alive: CqlTimestamp,
+}
+
+impl<'a> EntryUdt<'a> {
+    pub(super) fn of(stored: &'a StoredEntry) -> Self {
+        let e = &stored.entry;
+        EntryUdt {
+            etag: stored.etag,
+            status: e.status.code(),
+            suspect_times: e
+                .suspect_times
+                .iter()
+                .map(|s| (s.suspecting_silo.to_string(), to_cql(s.time)))
+                .collect(),
+            proxy_port: i32::from(e.proxy_port),
+            host_name: &e.host_name,
+            silo_name: &e.silo_name,
+            role_name: &e.role_name,
+            update_zone: e.update_zone,
+            fault_zone: e.fault_zone,
+            start_time: to_cql(e.start_time),
+            i_am_alive: to_cql(e.i_am_alive_time),
+        }
+    }
+}
+
+/// `update_entry.cql` / `update_entry_whole.cql`, by what the write expects.
 pub(super) struct UpdateEntryValues<'a> {
-    #[scylla(flatten)]
     pub(super) entry: EntryValues<'a>,
-    pub(super) expected_etag: Option<Uuid>,
+    pub(super) expected: Expected<'a>,
     /// The heartbeat cell as the read saw it (`None`: it had none).
     pub(super) expected_heartbeat: Option<StoredHeartbeat>,
+}
+
+#[derive(SerializeRow)]
+struct UpdateByTag<'a> {
+    #[scylla(flatten)]
+    entry: EntryValues<'a>,
+    expected_etag: Option<Uuid>,
+    expected_heartbeat: Option<StoredHeartbeat>,
+}
+
+#[derive(SerializeRow)]
+struct UpdateWhole<'a> {
+    #[scylla(flatten)]
+    entry: EntryValues<'a>,
+    expected_entry: Option<EntryUdt<'a>>,
+    expected_heartbeat: Option<StoredHeartbeat>,
+}
+
+impl SerializeRow for UpdateEntryValues<'_> {
+    fn serialize(
+        &self,
+        ctx: &RowSerializationContext<'_>,
+        writer: &mut RowWriter,
+    ) -> std::result::Result<(), SerializationError> {
+        let (entry, expected_heartbeat) = (self.entry.clone(), self.expected_heartbeat);
+        match &self.expected {
+            Expected::Tag(tag) => UpdateByTag {
+                entry,
+                expected_etag: *tag,
+                expected_heartbeat,
+            }
+            .serialize(ctx, writer),
+            Expected::Whole(whole) => UpdateWhole {
+                entry,
+                expected_entry: whole.clone(),
+                expected_heartbeat,
+            }
+            .serialize(ctx, writer),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        false
+    }
 }
 
 #[derive(SerializeRow)]
@@ -121,13 +228,64 @@ pub(super) struct SiloKey<'a> {
     pub(super) cluster_id: &'a str,
 }
 
-#[derive(SerializeRow)]
+/// `delete_entry.cql` / `delete_entry_whole.cql`, by what the delete expects.
 pub(super) struct DeleteEntryValues<'a> {
     pub(super) service_id: &'a str,
     pub(super) cluster_id: &'a str,
     pub(super) silo: &'a str,
-    pub(super) expected_etag: Uuid,
+    pub(super) expected: Expected<'a>,
     pub(super) expected_heartbeat: Option<StoredHeartbeat>,
+}
+
+#[derive(SerializeRow)]
+struct DeleteByTag<'a> {
+    service_id: &'a str,
+    cluster_id: &'a str,
+    silo: &'a str,
+    expected_etag: Option<Uuid>,
+    expected_heartbeat: Option<StoredHeartbeat>,
+}
+
+#[derive(SerializeRow)]
+struct DeleteWhole<'a> {
+    service_id: &'a str,
+    cluster_id: &'a str,
+    silo: &'a str,
+    expected_entry: Option<EntryUdt<'a>>,
+    expected_heartbeat: Option<StoredHeartbeat>,
+}
+
+impl SerializeRow for DeleteEntryValues<'_> {
+    fn serialize(
+        &self,
+        ctx: &RowSerializationContext<'_>,
+        writer: &mut RowWriter,
+    ) -> std::result::Result<(), SerializationError> {
+        let (service_id, cluster_id, silo) = (self.service_id, self.cluster_id, self.silo);
+        let expected_heartbeat = self.expected_heartbeat;
+        match &self.expected {
+            Expected::Tag(tag) => DeleteByTag {
+                service_id,
+                cluster_id,
+                silo,
+                expected_etag: *tag,
+                expected_heartbeat,
+            }
+            .serialize(ctx, writer),
+            Expected::Whole(whole) => DeleteWhole {
+                service_id,
+                cluster_id,
+                silo,
+                expected_entry: whole.clone(),
+                expected_heartbeat,
+            }
+            .serialize(ctx, writer),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        false
+    }
 }
 
 #[derive(SerializeRow)]

@@ -9,7 +9,8 @@ use tracing::{Span, debug, warn};
 use uuid::Uuid;
 
 use super::bind::{
-    DeleteClusterValues, DeleteEntryValues, DeletePartitionValues, DeleteStaticsValues, SiloKey,
+    DeleteClusterValues, DeleteEntryValues, DeletePartitionValues, DeleteStaticsValues, Expected,
+    SiloKey,
 };
 use super::decode::row_key;
 use super::exec::Outcome;
@@ -138,7 +139,7 @@ impl CassandraMembershipTable {
                 service_id: self.service_id(),
                 cluster_id: &self.cluster_id,
                 silo: &key,
-                expected_etag: stored.etag,
+                expected: Expected::of(st.whole_entry_conditions, stored),
                 expected_heartbeat: heartbeat,
             };
             let deleted = match self

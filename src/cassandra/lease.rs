@@ -5,7 +5,7 @@ use std::time::Duration;
 use tracing::{Span, warn};
 use uuid::Uuid;
 
-use super::bind::{EntryValues, UpdateEntryValues, WriteVersionValues, to_cql};
+use super::bind::{EntryValues, Expected, UpdateEntryValues, WriteVersionValues, to_cql};
 use super::decode::StoredEntry;
 use super::etags::parse_etag;
 use super::exec::Outcome;
@@ -222,7 +222,7 @@ impl CassandraMembershipTable {
                     stored.etag,
                     rewrite.row_ttl,
                 ),
-                expected_etag: Some(stored.etag),
+                expected: Expected::of(st.whole_entry_conditions, stored),
                 // The cell as read: only this silo writes it, and none of its heartbeats is
                 // in flight now (a late one costs one more read).
                 expected_heartbeat: heartbeat,

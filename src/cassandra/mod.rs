@@ -2,17 +2,18 @@
 //!
 //! The [`MembershipTable`] impl delegates to one module per responsibility. Layout (see
 //! `cql/create_table.cql`): one partition per (service id, cluster id). The table
-//! version lives in two static cells; every entry is one clustering row; heartbeats are elements
-//! of a static map. Every membership write is one conditional batch on the partition, so a row
-//! and the version commit together or not at all. Heartbeats are plain writes that touch only
-//! their map element, never a cell a conditional write owns, so the two never race.
+//! version lives in the row `''`; every entry is one clustering row holding the entry as one
+//! frozen cell and its heartbeat as another. Every membership write is one conditional batch on
+//! the partition, so a row and the version commit together or not at all. Heartbeats are plain
+//! writes that touch only their heartbeat cell, never a cell a conditional write owns, so the two
+//! never race.
 //!
 //! Files, each owning one thing (an operation's file names the ones it builds on):
 //! - operations: `schema.rs` (`initialize`), `read.rs`, `write.rs` (`insert_row` / `update_row`),
 //!   `resolve.rs` (ambiguous write outcomes, the fence), `lease.rs` (`update_i_am_alive`),
 //!   `cleanup.rs` (`cleanup_defunct`, `delete_cluster`), `version.rs` (the version's TTL and
 //!   recovery), `expiry.rs` (TTL audit and patch), `inspect.rs` (operators' reads);
-//! - the heartbeat element: `heartbeats.rs`;
+//! - the heartbeat cell: `heartbeats.rs`;
 //! - sending: `exec.rs` (counts, read retry, plain and conditional sends), `statements.rs`
 //!   (preparing `cql/`), `retry.rs` (the driver retry policy), `errors.rs` (driver errors);
 //! - data: `bind.rs` (bind values), `decode.rs` (stored rows), `etags.rs` (the tags handed out),
@@ -58,7 +59,7 @@ pub use expiry::{PatchAction, RowAudit, TtlAudit};
 pub use inspect::{ClusterInspection, EntryInspection};
 pub use options::{
     CassandraClusteringOptions, ConsistencyProfile, Credentials, EXPIRY_HORIZON_UNIX_SECONDS,
-    MAX_TTL_SECONDS, TtlMismatchPolicy,
+    EntryConditions, MAX_TTL_SECONDS, TtlMismatchPolicy,
 };
 pub use tls::TlsOptions;
 
@@ -331,6 +332,7 @@ impl CassandraMembershipTable {
                     self.shared.routing.as_ref(),
                     o.request_timeout,
                     o.page_size,
+                    o.entry_conditions,
                 )
                 .await;
                 match prepared {

@@ -31,6 +31,23 @@ pub enum ConsistencyProfile {
     LocalQuorum,
 }
 
+/// How a conditional write names the entry it expects. An entry is one frozen user-type value
+/// holding its tag; Cassandra 4.0+ compares a field of it (`IF entry.etag = ?`), ScyllaDB does
+/// not (scylladb/scylladb#13624) and compares only the whole value, which costs an update one
+/// more serial read (the stored entry, to expect it whole).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryConditions {
+    /// The field condition where the server prepares it, else the whole value. The default.
+    #[default]
+    Auto,
+    /// Always the field condition (`IF entry.etag = ?`); a server that refuses it fails
+    /// `initialize` with `SchemaMismatch`.
+    Field,
+    /// Always the whole value (`IF entry = ?`), also where the field condition works.
+    WholeValue,
+}
+
 /// What to do when the existing table's TTL settings or rows disagree with the configuration.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -169,6 +186,8 @@ pub struct CassandraClusteringOptions {
     /// (Cassandra's `max_hint_window`): see [`docs::tombstones`](crate::docs::tombstones).
     #[serde(with = "humantime_serde")]
     pub gc_grace: Duration,
+    /// How conditional writes name the entry they expect. Default [`EntryConditions::Auto`].
+    pub entry_conditions: EntryConditions,
     /// Membership options the provider needs (DefunctSiloExpiration, publish period).
     pub membership: MembershipOptions,
 }
@@ -195,6 +214,7 @@ impl Default for CassandraClusteringOptions {
             ttl_mismatch: TtlMismatchPolicy::Throw,
             ttl_renewal_interval: None,
             gc_grace: Duration::from_secs(3 * 3600),
+            entry_conditions: EntryConditions::Auto,
             membership: MembershipOptions::default(),
         }
     }
@@ -318,6 +338,12 @@ impl CassandraClusteringOptions {
     /// Sets the `gc_grace_seconds` a created table gets.
     pub fn gc_grace(mut self, gc_grace: Duration) -> Self {
         self.gc_grace = gc_grace;
+        self
+    }
+
+    /// Sets how conditional writes name the entry they expect.
+    pub fn entry_conditions(mut self, conditions: EntryConditions) -> Self {
+        self.entry_conditions = conditions;
         self
     }
 

@@ -325,7 +325,10 @@ impl CassandraMembershipTable {
         for (name, ty, kind) in expected {
             match actual.get(*name) {
                 None => problems.push(format!("column {name} is missing")),
-                Some((t, k)) if t.replace(' ', "") != ty.replace(' ', "") || k != kind => {
+                // Cassandra quotes a type name that is not all lower case: compare unquoted.
+                Some((t, k))
+                    if t.replace([' ', '"'], "") != ty.replace([' ', '"'], "") || k != kind =>
+                {
                     problems.push(format!("column {name} is {k} {t}, expected {kind} {ty}"))
                 }
                 Some(_) => {}

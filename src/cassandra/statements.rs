@@ -8,7 +8,7 @@ use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::{Consistency, SerialConsistency};
 
-use super::options::ConsistencyProfile;
+use super::options::{ConsistencyProfile, EntryConditions};
 use super::retry::{ProviderRetryPolicy, StatementKind};
 
 pub(crate) const CREATE_KEYSPACE: &str = include_str!("../../cql/create_keyspace.cql");
@@ -23,6 +23,8 @@ const UPDATE_ENTRY: &str = include_str!("../../cql/update_entry.cql");
 const WRITE_VERSION: &str = include_str!("../../cql/write_version.cql");
 const HEARTBEAT: &str = include_str!("../../cql/heartbeat.cql");
 const DELETE_ENTRY: &str = include_str!("../../cql/delete_entry.cql");
+const UPDATE_ENTRY_WHOLE: &str = include_str!("../../cql/update_entry_whole.cql");
+const DELETE_ENTRY_WHOLE: &str = include_str!("../../cql/delete_entry_whole.cql");
 const DELETE_HEARTBEAT_BEFORE: &str = include_str!("../../cql/delete_heartbeat_before.cql");
 const DELETE_ROW: &str = include_str!("../../cql/delete_row.cql");
 const DELETE_STATICS: &str = include_str!("../../cql/delete_statics.cql");
@@ -73,14 +75,19 @@ pub(crate) fn table_id(keyspace: &str, table: &str) -> uuid::Uuid {
     const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6d0b_7f3e_2c1a_4c55_9a8e_3b6f_0d2e_7a11);
     uuid::Uuid::new_v5(
         &NAMESPACE,
-        format!("cassandra-membership/1/{keyspace}.{table}").as_bytes(),
+        // "/2/": the tombstone-lean shape. A 0.2 binary creating the same name at the same time
+        // (a botched rollout) makes a table of another id, never one id with two shapes.
+        format!("cassandra-membership/2/{keyspace}.{table}").as_bytes(),
     )
 }
 
-/// The entry type's name for a table: `<table>_entry` (a validated table name stays a valid
-/// identifier with the suffix).
+/// The entry type's name for a table: `<table>_entry`, in lower case (a validated table name
+/// stays a valid identifier with the suffix). Lower case because Cassandra reports any other
+/// type name quoted (`frozen<"Members_entry">`), which the driver's schema metadata cannot parse
+/// (its refresh then fails for the whole keyspace); tables whose names differ only in case share
+/// the one definition.
 pub(crate) fn entry_type_name(table: &str) -> String {
-    format!("{table}_entry")
+    format!("{}_entry", table.to_ascii_lowercase())
 }
 
 /// The DDL creating the entry type of `table` in `keyspace`.
@@ -144,6 +151,9 @@ pub(crate) struct Statements {
     pub(crate) read_version_ttl: PreparedStatement,
     /// Every partition key of the table (commit level, paged): the operators' cluster listing.
     pub(crate) list_clusters: PreparedStatement,
+    /// The entry is expected whole (`*_whole.cql`), not by its tag: the server compares no field
+    /// of a frozen user type (ScyllaDB), or the options say so.
+    pub(crate) whole_entry_conditions: bool,
     profile: ConsistencyProfile,
     routing: Option<ExecutionProfileHandle>,
 }
@@ -164,6 +174,7 @@ impl Statements {
         routing: Option<&ExecutionProfileHandle>,
         request_timeout: std::time::Duration,
         page_size: u32,
+        conditions: EntryConditions,
     ) -> Result<Statements, PrepareFailure> {
         let (commit, serial) = levels(profile);
         let prep = |cql: &'static str, read_level: Consistency| {
@@ -191,7 +202,31 @@ impl Statements {
         let mut read_rows = prep(READ_ROWS, serial_read).await?;
         read_rows.set_page_size(i32::try_from(page_size).unwrap_or(i32::MAX));
         let insert_entry = prep(INSERT_ENTRY, commit).await?;
-        let update_entry = prep(UPDATE_ENTRY, commit).await?;
+        // The field conditions where the server takes them (Cassandra 4.0+), else (ScyllaDB)
+        // the whole value: which it is, only preparing tells.
+        let by_field = match conditions {
+            EntryConditions::WholeValue => None,
+            EntryConditions::Field => Some((
+                prep(UPDATE_ENTRY, commit).await?,
+                prep(DELETE_ENTRY, commit).await?,
+            )),
+            EntryConditions::Auto => match prep(UPDATE_ENTRY, commit).await {
+                Ok(update) => Some((update, prep(DELETE_ENTRY, commit).await?)),
+                Err(PrepareFailure::Refused(e)) => {
+                    tracing::warn!(error = %e, "the server refuses a condition on a field of the entry (ScyllaDB?); conditional writes expect the whole entry, and an update reads it first");
+                    None
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        let whole_entry_conditions = by_field.is_none();
+        let (update_entry, delete_entry) = match by_field {
+            Some(pair) => pair,
+            None => (
+                prep(UPDATE_ENTRY_WHOLE, commit).await?,
+                prep(DELETE_ENTRY_WHOLE, commit).await?,
+            ),
+        };
         let write_version = prep(WRITE_VERSION, commit).await?;
         // A heartbeat is a plain write with an explicit timestamp: repeating it is harmless.
         let heartbeat = idempotent(prep(HEARTBEAT, commit).await?);
@@ -204,7 +239,7 @@ impl Statements {
             read_row_quorum: idempotent(prep(READ_ROW, commit).await?),
             heartbeat,
             delete_heartbeat_before,
-            delete_entry: prep(DELETE_ENTRY, commit).await?,
+            delete_entry,
             insert_batch: batch(
                 profile,
                 routing,
@@ -228,6 +263,7 @@ impl Statements {
             read_ttls: idempotent(prep(READ_TTLS, commit).await?),
             read_version_ttl: idempotent(prep(READ_VERSION_TTL, commit).await?),
             list_clusters: idempotent(prep(LIST_CLUSTERS, commit).await?),
+            whole_entry_conditions,
             profile,
             routing: routing.cloned(),
         })

@@ -7,7 +7,7 @@ use tracing::Span;
 use uuid::Uuid;
 
 use super::CassandraMembershipTable;
-use super::bind::{EntryValues, UpdateEntryValues, WriteVersionValues};
+use super::bind::{EntryValues, Expected, UpdateEntryValues, WriteVersionValues};
 use super::errors::to_error;
 use super::etags::{parse_etag, parse_row_etag};
 use super::exec::Sent;
@@ -72,9 +72,23 @@ impl CassandraMembershipTable {
                     .await
             }
             Some((expected_etag, expected_heartbeat)) => {
+                // Where the server compares only whole entries, the entry the tag names is read
+                // first (serially) and expected whole; another tag there now: the write could
+                // not apply, and is not sent.
+                let stored = match st.whole_entry_conditions {
+                    false => None,
+                    true => match self.read_one(&entry.address, true).await? {
+                        Some((stored, _, _)) if stored.etag == expected_etag => Some(stored),
+                        _ => return Ok(false),
+                    },
+                };
+                let expected = match &stored {
+                    None => Expected::Tag(Some(expected_etag)),
+                    Some(stored) => Expected::of(true, stored),
+                };
                 let values = UpdateEntryValues {
                     entry: row_values,
-                    expected_etag: Some(expected_etag),
+                    expected,
                     expected_heartbeat,
                 };
                 self.versioned_write(&st.update_batch, (values, version_values), write)

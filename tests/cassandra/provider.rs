@@ -720,3 +720,21 @@ async fn a_missing_table_in_an_existing_keyspace_is_a_schema_mismatch_not_a_miss
         other => panic!("{other:?}"),
     }
 }
+
+/// A table name with capitals (quoted everywhere) gets an entry type Cassandra reports quoted:
+/// the table the provider creates passes its own schema check, then and on every later start.
+#[tokio::test]
+async fn a_table_named_with_capitals_is_created_checked_and_used() {
+    let s = session_with_keyspace().await;
+    let name = format!("Mixed_{}", &unique("case").replace('-', "_")[..16]);
+    for _ in 0..2 {
+        let t = table_on(&s, options("c").table(&name));
+        t.initialize(true).await.expect("initialize");
+        let e = new_entry(Timestamp::now());
+        insert_next(&t, &e).await;
+        assert_eq!(t.read_row(&e.address).await.unwrap().rows[0].entry, e);
+    }
+    s.query_unpaged(format!("DROP TABLE {KEYSPACE}.\"{name}\""), ())
+        .await
+        .unwrap();
+}

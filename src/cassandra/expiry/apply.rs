@@ -13,7 +13,8 @@ use super::audit::TtlAudit;
 use super::plan::{CellPatch, Plan, RowPatch, VersionPatch};
 use super::ttl::TtlRules;
 use crate::cassandra::bind::{
-    DeleteEntryValues, DeleteStaticsValues, EntryValues, UpdateEntryValues, WriteVersionValues,
+    DeleteEntryValues, DeleteStaticsValues, EntryValues, Expected, UpdateEntryValues,
+    WriteVersionValues,
 };
 use crate::cassandra::exec::Outcome;
 use crate::cassandra::statements::{Statements, alter_table_ttl_cql};
@@ -55,7 +56,19 @@ impl CassandraMembershipTable {
     /// Returns whether the cluster's version was there when its partition was read (a serial
     /// read), so `initialize` need not race other starting silos to create it.
     pub(crate) async fn reconcile_ttl(&self) -> Result<bool> {
-        let (audit, first) = self.audit_and_plan().await?;
+        let (audit, first) = match self.audit_and_plan().await {
+            // A partition buried in tombstones cannot be audited, but it can be joined (every
+            // write reads by name): nothing is reconciled, and until a renewal's scan succeeds
+            // again this table value gives the version no TTL and leaves cleanup to the silos
+            // (the safe side: never early).
+            Err(e @ MembershipError::TooManyTombstones { .. }) => {
+                warn!(table = %self.shared.qualified, cluster = %self.cluster_id, error = %e,
+                    "cannot audit the TTLs of a partition buried in tombstones; starting without");
+                self.expiry_state.record_damaged();
+                return Ok(self.read_statics(self.pk()).await?.version_etag.is_some());
+            }
+            other => other?,
+        };
         // A damaged version is corrupt data under every policy: no policy writes over it (that
         // would restart the version, or invent one).
         let first = first?;
@@ -276,7 +289,7 @@ impl PatchAttempt<'_> {
                     let values = (
                         UpdateEntryValues {
                             entry: EntryValues::new(pk, &stored.entry, silo, stored.etag, ttl),
-                            expected_etag: Some(stored.etag),
+                            expected: Expected::of(st.whole_entry_conditions, stored),
                             expected_heartbeat: heartbeat,
                         },
                         self.kept_version(plan.batch_version_ttl()),
@@ -293,7 +306,7 @@ impl PatchAttempt<'_> {
                         service_id: pk.service_id,
                         cluster_id: pk.cluster_id,
                         silo,
-                        expected_etag: stored.etag,
+                        expected: Expected::of(st.whole_entry_conditions, stored),
                         expected_heartbeat: heartbeat,
                     };
                     counts.removed += 1;

@@ -423,3 +423,66 @@ proptest! {
         prop_assert!(outcome.is_ok(), "{}", outcome.unwrap_err());
     }
 }
+
+/// With whole-entry conditions (what ScyllaDB gets; forced here): a heartbeating silo renews its
+/// lease (an unchanged rewrite expecting the whole entry), an update expecting a stale tag does
+/// not apply, one expecting the current tag does, a death vote fenced on the heartbeat cell
+/// loses once the suspect heartbeats again, cleanup removes a dead entry, and a stopped silo's
+/// entry expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_entry_conditions_keep_the_lease_the_fence_and_the_cleanup() {
+    let cluster = unique("whole-value");
+    let s = session_with_keyspace().await;
+    let t = table_on(
+        &s,
+        short_ttl(options(&cluster).table(TABLE))
+            .entry_conditions(cassandra_membership::EntryConditions::WholeValue),
+    );
+    t.initialize(true).await.unwrap();
+    let e = new_entry(Timestamp::now());
+    insert(&t, &e).await;
+    // Renewals across two TTLs: the entry never expires while heartbeating.
+    let until = std::time::Instant::now() + TTL * 2;
+    while std::time::Instant::now() < until {
+        assert!(matches!(
+            t.update_i_am_alive(&e.address, Timestamp::now())
+                .await
+                .unwrap(),
+            HeartbeatOutcome::Refreshed { .. }
+        ));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(t.read_row(&e.address).await.unwrap().rows.len(), 1);
+    }
+    let seen = t.read_row(&e.address).await.unwrap();
+    // The suspect heartbeats after the vote's read: the vote must not apply.
+    t.update_i_am_alive(&e.address, Timestamp::now())
+        .await
+        .unwrap();
+    let mut dead = seen.rows[0].entry.clone();
+    dead.status = SiloStatus::Dead;
+    assert!(
+        !t.update_row(&dead, &seen.rows[0].etag, &seen.version.next())
+            .await
+            .unwrap(),
+        "a vote read before the last heartbeat"
+    );
+    let now = t.read_row(&e.address).await.unwrap();
+    assert!(
+        t.update_row(&dead, &now.rows[0].etag, &now.version.next())
+            .await
+            .unwrap(),
+        "a vote on the current entry"
+    );
+    assert_eq!(
+        t.cleanup_defunct(Timestamp::now().saturating_add(Duration::from_secs(60)))
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(t.read_row(&e.address).await.unwrap().rows.is_empty());
+    // A stopped silo's entry expires (never renewed again).
+    let stopped = new_entry(Timestamp::now());
+    insert(&t, &stopped).await;
+    tokio::time::sleep(TTL + SLACK + Duration::from_secs(1)).await;
+    assert!(t.read_row(&stopped.address).await.unwrap().rows.is_empty());
+}
