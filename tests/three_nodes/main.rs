@@ -225,7 +225,7 @@ async fn stored_rows(cluster: &str) -> usize {
         .await
         .query_unpaged(
             format!(
-                "SELECT silo FROM {KEYSPACE}.membership WHERE service_id = 'faults' AND cluster_id = ?"
+                "SELECT silo, entry.etag AS etag FROM {KEYSPACE}.membership WHERE service_id = 'faults' AND cluster_id = ?"
             ),
             (cluster,),
         )
@@ -233,9 +233,10 @@ async fn stored_rows(cluster: &str) -> usize {
         .expect("raw read")
         .into_rows_result()
         .expect("rows")
-        .rows::<(Option<String>,)>()
+        .rows::<(Option<String>, Option<uuid::Uuid>)>()
         .expect("typed rows")
-        .filter(|r| matches!(r, Ok((Some(_),))))
+        // Rows holding an entry: not the version's row (''), not a heartbeat cell alone.
+        .filter(|r| matches!(r, Ok((Some(_), Some(_)))))
         .count()
 }
 
