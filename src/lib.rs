@@ -53,6 +53,10 @@ pub use cassandra::{
     Credentials, EXPIRY_HORIZON_UNIX_SECONDS, EntryConditions, EntryInspection, MAX_TTL_SECONDS,
     PatchAction, RowAudit, StatementCounts, TtlAudit, TtlMismatchPolicy,
 };
+pub use cassandra::{
+    ClusterMigration, DEFAULT_MIGRATION_QUIET_FOR, MigrationPlan, MigrationReport, SkippedCell,
+    Verification,
+};
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use error::{BoxError, MembershipError, Result};
 pub use memory::InMemoryMembershipTable;

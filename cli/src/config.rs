@@ -62,6 +62,8 @@ fn membership_exit_code(e: &MembershipError) -> u8 {
         // the same way. (One line per variant: a missing keyspace gets its own.)
         MembershipError::AccessDenied { .. } => EXIT_DENIED,
         MembershipError::SchemaMismatch { .. } => EXIT_DENIED,
+        // A table of the 0.2 shape: `migrate` it first.
+        MembershipError::TableNeedsMigration { .. } => EXIT_DENIED,
         MembershipError::KeyspaceMissing { .. } => EXIT_DENIED,
         _ => EXIT_FAILED,
     }

@@ -6,6 +6,7 @@
 
 mod config;
 mod logging;
+mod migrate;
 mod remove;
 mod report;
 
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use cassandra_membership::{
     CassandraClusteringOptions, CassandraMembershipTable, ConsistencyProfile, MembershipTable,
-    PatchAction, Timestamp, TtlMismatchPolicy,
+    MigrationPlan, PatchAction, Timestamp, TtlMismatchPolicy,
 };
 use clap::{ArgAction, CommandFactory, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
@@ -222,6 +223,27 @@ enum Command {
         #[arg(long)]
         yes: bool,
     },
+    /// Copies the configured table, of the cassandra-membership 0.2 shape, into a new table of
+    /// the current shape (created with the configured TTL and gc_grace), cluster by cluster, and
+    /// reads each copy back to verify it. Offline: stop the silos first; a cluster active
+    /// within --quiet-for is refused (exit 3, nothing written) unless --force. Every cell keeps
+    /// its write time and remaining TTL, so running it again (or after an interruption) is
+    /// safe. The old table is never changed. With --service / --cluster, only those clusters.
+    /// Needs `ttl` set explicitly (config file or --ttl), like patch.
+    Migrate {
+        /// The new table (same keyspace).
+        #[arg(long, value_name = "TABLE")]
+        to_table: String,
+        /// How long every entry of a cluster must have been silent (no heartbeat, no write).
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        quiet_for: Duration,
+        /// Copy clusters that were active within --quiet-for too.
+        #[arg(long)]
+        force: bool,
+        /// Read and check; write and create nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Shows `members` again every few seconds until interrupted.
     Watch {
         /// Time between refreshes.
@@ -285,7 +307,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         },
         Overrides {
             scope: match cli.command {
-                Command::Clusters | Command::Audit | Command::Patch { .. } => Scope::Table,
+                Command::Clusters
+                | Command::Audit
+                | Command::Patch { .. }
+                | Command::Migrate { .. } => Scope::Table,
                 Command::DeleteCluster { .. } => Scope::Service,
                 Command::Members
                 | Command::DeclareDead { .. }
@@ -296,8 +321,9 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             contact_points: cli.contact_points,
             keyspace: cli.keyspace,
             table: cli.table,
-            service: cli.service,
-            cluster: cli.cluster,
+            // `migrate` also copies only the clusters they name (below).
+            service: cli.service.clone(),
+            cluster: cli.cluster.clone(),
             consistency: cli.consistency.map(|c| match c {
                 Consistency::Quorum => ConsistencyProfile::Quorum,
                 Consistency::LocalQuorum => ConsistencyProfile::LocalQuorum,
@@ -313,6 +339,15 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         },
         |name| std::env::var(name).ok(),
     )?;
+    if matches!(cli.command, Command::Migrate { .. }) && !ttl_explicit {
+        // The new table is created with the configured TTL: the library's default (off) would
+        // give it none while the silos' options may say otherwise.
+        return Err(CliError::Usage(
+            "migrate creates the new table with the configured TTL: set `ttl` in the --config \
+             file or pass --ttl true|false (as the silos will run with)"
+                .into(),
+        ));
+    }
     if matches!(cli.command, Command::Patch { .. }) && !ttl_explicit {
         // The library's default is ttl = false: patching with it would turn expiry off for every
         // cluster of the table and rewrite rows without TTL. Refused before connecting.
@@ -368,6 +403,19 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         } => remove::cleanup(&table, older_than, dry_run, yes, json).await,
         Command::DeleteCluster { target, yes } => {
             remove::delete_cluster(&table, &target, yes, json).await
+        }
+        Command::Migrate {
+            to_table,
+            quiet_for,
+            force,
+            dry_run,
+        } => {
+            let plan = MigrationPlan::new(to_table)
+                .quiet_for(quiet_for)
+                .force(force)
+                .dry_run(dry_run)
+                .only(cli.service, cli.cluster);
+            migrate::migrate(&table, plan, json).await
         }
         Command::Watch {
             interval,

@@ -12,7 +12,8 @@
 //! - operations: `schema.rs` (`initialize`), `read.rs`, `write.rs` (`insert_row` / `update_row`),
 //!   `resolve.rs` (ambiguous write outcomes, the fence), `lease.rs` (`update_i_am_alive`),
 //!   `cleanup.rs` (`cleanup_defunct`, `delete_cluster`), `version.rs` (the version's TTL and
-//!   recovery), `expiry.rs` (TTL audit and patch), `inspect.rs` (operators' reads);
+//!   recovery), `expiry.rs` (TTL audit and patch), `inspect.rs` (operators' reads),
+//!   `migrate.rs` (the offline copy of a 0.2-shape table, `cql/migrate_*.cql`);
 //! - the heartbeat cell: `heartbeats.rs`;
 //! - sending: `exec.rs` (counts, read retry, plain and conditional sends), `statements.rs`
 //!   (preparing `cql/`), `retry.rs` (the driver retry policy), `errors.rs` (driver errors);
@@ -31,6 +32,7 @@ mod expiry;
 mod heartbeats;
 mod inspect;
 mod lease;
+mod migrate;
 mod options;
 mod read;
 mod resolve;
@@ -57,6 +59,10 @@ use tracing::instrument;
 pub use exec::StatementCounts;
 pub use expiry::{PatchAction, RowAudit, TtlAudit};
 pub use inspect::{ClusterInspection, EntryInspection};
+pub use migrate::{
+    ClusterMigration, DEFAULT_MIGRATION_QUIET_FOR, MigrationPlan, MigrationReport, SkippedCell,
+    Verification,
+};
 pub use options::{
     CassandraClusteringOptions, ConsistencyProfile, Credentials, EXPIRY_HORIZON_UNIX_SECONDS,
     EntryConditions, MAX_TTL_SECONDS, TtlMismatchPolicy,

@@ -14,6 +14,7 @@
 //! | [`tombstones`] | what expired and deleted data costs, and `gc_grace` |
 //! | [`costs`] | the statements each operation executes |
 //! | [`observability`] | tracing and metrics |
+//! | [`migration`] | moving a table of the 0.2 shape to the current one: `cassandra-membership migrate` |
 //! | [`operating`] | the command line (TLS, declare-dead, cleanup, JSON, exit codes), supported releases, Paxos v2 |
 //!
 //! Working on the crate itself (the test set-up, the Cassandra nodes, the fault suite, the layout
@@ -51,3 +52,6 @@ pub mod observability {}
 
 #[doc = include_str!("operating.md")]
 pub mod operating {}
+
+#[doc = include_str!("migration.md")]
+pub mod migration {}
