@@ -24,6 +24,8 @@ pub(crate) struct ScanRow {
     pub(crate) silo: Option<String>,
     pub(crate) etag: Option<Uuid>,
     pub(crate) etag_ttl: Option<i32>,
+    /// The heartbeat cell's TTL (`None`: no cell, or one without TTL).
+    pub(crate) heartbeat_ttl: Option<i32>,
     pub(super) version_etag: Option<Uuid>,
     pub(crate) version_ttl: Option<i32>,
     pub(super) version_written: Option<i64>,
@@ -212,8 +214,13 @@ impl Planner<'_> {
     fn row_without_entry(&mut self, silo: &str, row: &ScanRow, marker_only: bool) {
         let rules = self.rules;
         if marker_only || row.etag.is_none() {
-            // Only a heartbeat cell (or a marker) left: no entry; defunct cleanup removes the cell.
-            self.leftovers = true;
+            // No entry left. A heartbeat cell with a TTL this configuration writes expires on
+            // its own (an entry removed, or expired a renewal interval before its last
+            // heartbeat); anything else (a cell without TTL, a bare row marker) is defunct
+            // cleanup's.
+            if !(rules.expiry_on && rules.bounded(row.heartbeat_ttl)) {
+                self.leftovers = true;
+            }
         } else if rules.expiry_on != row.etag_ttl.is_some()
             || (rules.expiry_on && !rules.bounded(row.etag_ttl))
         {

@@ -43,6 +43,8 @@ struct Partition {
     version: Option<(Option<i32>, i64)>,
     /// Clustering rows: key, tag, TTL.
     rows: Vec<(String, Option<Uuid>, Option<i32>)>,
+    /// The TTL of a row's heartbeat cell, by key.
+    heartbeat_ttls: BTreeMap<String, i32>,
 }
 
 impl Partition {
@@ -63,6 +65,7 @@ impl Partition {
             },
             version: Some((ttl, ago(written_ago).as_millis() * 1000)),
             rows: Vec::new(),
+            heartbeat_ttls: BTreeMap::new(),
         }
     }
 
@@ -98,6 +101,12 @@ impl Partition {
         self
     }
 
+    /// A row left with only its heartbeat cell, which carries `ttl`.
+    fn heartbeat_only(mut self, port: u16, ttl: i32) -> Self {
+        self.heartbeat_ttls.insert(silo(port), ttl);
+        self.marker(port)
+    }
+
     /// A row with only its marker left.
     fn marker(mut self, port: u16) -> Self {
         self.read.empty_rows.push(silo(port));
@@ -116,7 +125,10 @@ impl Partition {
             Some((ttl, written)) => (self.read.version_etag, ttl, Some(written)),
             None => (None, None, None),
         };
-        let row = |silo, etag, etag_ttl| ScanRow {
+        let row = |silo: Option<String>, etag, etag_ttl| ScanRow {
+            heartbeat_ttl: silo
+                .as_ref()
+                .and_then(|s| self.heartbeat_ttls.get(s).copied()),
             silo,
             etag,
             etag_ttl,
@@ -519,5 +531,24 @@ fn with_expiry_off_heartbeat_elements_lose_their_ttl() {
     assert_eq!(
         plan.heartbeat_patch(&without, now(), &OFF),
         CellPatch::Leave
+    );
+}
+
+#[test]
+fn a_row_left_with_only_a_heartbeat_cell_that_expires_is_no_leftover() {
+    // The entry expired a renewal interval before its last heartbeat: storage removes the cell.
+    let plan = Partition::with_version(Some(100), 10)
+        .heartbeat_only(1, 50)
+        .plan(&ON);
+    assert!(plan.storage_covers_cleanup(), "a cell with a bounded TTL");
+    // A cell that never expires, or a bare marker, is defunct cleanup's.
+    let plan = Partition::with_version(Some(100), 10).marker(1).plan(&ON);
+    assert!(!plan.storage_covers_cleanup(), "a bare marker");
+    let plan = Partition::with_version(Some(100), 10)
+        .heartbeat_only(1, i32::MAX)
+        .plan(&ON);
+    assert!(
+        !plan.storage_covers_cleanup(),
+        "a TTL longer than any this configuration writes"
     );
 }
