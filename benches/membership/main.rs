@@ -22,6 +22,7 @@ mod peers;
 mod plot;
 mod report;
 mod scale;
+mod trace;
 
 use cassandra_membership::Timestamp;
 
