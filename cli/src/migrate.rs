@@ -58,6 +58,7 @@ impl ClusterReport {
         let (verification, mismatch) = match &c.verification {
             Verification::Verified => ("verified", None),
             Verification::Mismatch(m) => ("mismatch", Some(m.clone())),
+            Verification::TargetMovedOn => ("target_moved_on", None),
             _ => ("not_run", None),
         };
         ClusterReport {

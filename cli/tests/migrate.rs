@@ -647,6 +647,21 @@ async fn migrate_copies_an_old_table_keeping_write_times_and_ttls_and_resumes() 
             .unwrap(),
         "a conditional write on the copied row and version applies"
     );
+    let moved_on = silo.read_all().await.unwrap();
+
+    // (c) A run after the silos wrote on the copy copies nothing of that cluster again: it
+    // could bring back what they removed, once their tombstones are purged.
+    let doc = run_json(
+        cli(&old.table).args(["--json", "migrate", "--to-table", &new_table]),
+        0,
+    );
+    let a = cluster_json(&doc, &f.cluster_a);
+    assert_eq!(a["verification"], "target_moved_on", "{doc}");
+    assert_eq!(
+        silo.read_all().await.unwrap(),
+        moved_on,
+        "the silos' writes stay"
+    );
 
     // (e) The old table is exactly as it was.
     assert_eq!(old.dump().await, before);
@@ -781,4 +796,34 @@ fn migrate_needs_ttl_set_explicitly() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("ttl"));
+}
+
+/// A cell stamped in the future (a coordinator's clock ran ahead) would outvote the new table's
+/// Paxos ballots: every conditional write on it would answer applied and lose. Such a cluster is
+/// never copied, not even with `--force`.
+#[tokio::test(flavor = "multi_thread")]
+async fn migrate_never_copies_a_cell_stamped_in_the_future_even_forced() {
+    let old = OldTable::create().await;
+    let ahead = unique("ahead");
+    let now = Timestamp::now();
+    let long_ago = now.saturating_sub(Duration::from_secs(3600));
+    let e = MembershipEntry::new(addr("10.0.3.1:11111@1"), SiloStatus::Dead, long_ago);
+    old.version(
+        &ahead,
+        4,
+        uuid::Uuid::new_v4(),
+        0,
+        now.saturating_add(Duration::from_secs(3600)),
+    )
+    .await;
+    old.entry(&ahead, &e, uuid::Uuid::new_v4(), 0, long_ago)
+        .await;
+    let new_table = unique("new");
+    let doc = run_json(
+        cli(&old.table).args(["--json", "migrate", "--to-table", &new_table, "--force"]),
+        3,
+    );
+    assert_eq!(doc["refused"], true, "{doc}");
+    assert_eq!(cluster_json(&doc, &ahead)["recent_activity"], true, "{doc}");
+    drop_tables(&old.conn, &[&old.table]).await;
 }

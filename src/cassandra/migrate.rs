@@ -139,9 +139,12 @@ pub struct MigrationReport {
 impl MigrationReport {
     /// True when every cluster was copied and read back equal.
     pub fn all_verified(&self) -> bool {
-        self.clusters
-            .iter()
-            .all(|c| c.verification == Verification::Verified)
+        self.clusters.iter().all(|c| {
+            matches!(
+                c.verification,
+                Verification::Verified | Verification::TargetMovedOn
+            )
+        })
     }
 }
 
@@ -203,6 +206,9 @@ pub enum Verification {
     Verified,
     /// It did not: what differs (or why the read failed).
     Mismatch(String),
+    /// Not copied again: the target's version moved on since an earlier copy (silos wrote
+    /// there), and a copy could bring back what they removed.
+    TargetMovedOn,
 }
 
 /// The values of one statement of a copy batch.
@@ -345,7 +351,16 @@ impl CassandraMembershipTable {
                 .last_activity
                 .as_ref()
                 .is_some_and(|(t, _)| now.duration_since(*t) < plan.quiet_for);
-            report.refused |= recent && !plan.force;
+            // A cell stamped in the future (a coordinator's clock was ahead when it was written)
+            // would outvote the new table's Paxos ballots, which start from the wall clock: every
+            // conditional write on it would answer applied and lose. Never copied, even forced.
+            let now_micros = now.as_millis().saturating_mul(1000);
+            let future = copy.latest_write_micros().is_some_and(|w| w > now_micros);
+            if future {
+                warn!(service = %service_id, cluster = %cluster_id,
+                    "a cell of this cluster is stamped in the future: it cannot be copied (not even with force) until the clock passes it");
+            }
+            report.refused |= future || (recent && !plan.force);
             report.clusters.push(ClusterMigration {
                 service_id,
                 cluster_id,
@@ -356,7 +371,7 @@ impl CassandraMembershipTable {
                 already_present: 0,
                 skipped: copy.skipped.clone(),
                 last_activity: copy.last_activity.clone(),
-                recent_activity: recent,
+                recent_activity: recent || future,
                 heartbeats_dated_by_value: old.heartbeats_dated_by_value,
                 verification: Verification::NotRun,
             });
@@ -431,6 +446,17 @@ impl CassandraMembershipTable {
                 .filter(|r| before.get(&r.entry.address) == Some(r))
                 .count();
         }
+        // A target whose version moved on was written by silos since (an earlier run finished):
+        // copying again could bring back what they removed once its tombstones are purged.
+        if let Ok(before) = target.read_all().await
+            && before.version != TableVersion::absent()
+            && before.version.etag != copy.expected.version.etag
+        {
+            warn!(service = %cluster.service_id, cluster = %cluster.cluster_id,
+                "the target's version moved on since an earlier copy: not copied again");
+            cluster.verification = Verification::TargetMovedOn;
+            return Ok(());
+        }
         Span::current().record("resumed", cluster.resumed());
         let started = Instant::now();
         let pk = Pk {
@@ -499,6 +525,38 @@ impl CassandraMembershipTable {
                 .map_err(|e| to_error("migrate", e))?;
         }
         let written = started.elapsed();
+        // The batches after the version's took `written`: their cells' TTLs count from later,
+        // so the version, written first, is written again to outlive them by as much (same
+        // value, same timestamp: the later expiry wins).
+        if let Some(CopyWrite::Version {
+            version,
+            version_etag,
+            written: stamp,
+            ttl,
+        }) = copy
+            .writes
+            .iter()
+            .find(|w| matches!(w, CopyWrite::Version { .. }))
+            && *ttl > 0
+            && copy.writes.len() > BATCH_STATEMENTS
+        {
+            let extra = i32::try_from(written.as_secs() + 2).unwrap_or(i32::MAX);
+            let mut batch = Batch::new(BatchType::Unlogged);
+            batch.append_statement(st.write_version.clone());
+            self.prepare_batch(&mut batch);
+            let values = vec![CopyValues::Version(VersionCopyValues {
+                ttl: ttl.saturating_add(extra),
+                write_time_micros: *stamp,
+                version: *version,
+                version_etag: *version_etag,
+                service_id: pk.service_id,
+                cluster_id: pk.cluster_id,
+            })];
+            self.session()
+                .batch(&batch, values)
+                .await
+                .map_err(|e| to_error("migrate", e))?;
+        }
         cluster.verification = match target.read_all().await {
             Ok(actual) => match difference(&copy.expected, &actual) {
                 None => Verification::Verified,

@@ -260,6 +260,28 @@ async fn reads_and_writes_of_the_version_or_one_row_scan_no_tombstones() {
         fresh.read_all().await,
         Err(MembershipError::TooManyTombstones { .. })
     ));
+    // Its version lost while entries stay: no read can rule the entries out, so `initialize`
+    // fails rather than create the version again at 0.
+    s.query_unpaged(
+        format!(
+            "DELETE FROM {KEYSPACE}.{name} WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ''"
+        ),
+        (&cluster,),
+    )
+    .await
+    .unwrap();
+    let starting = t.for_cluster(cluster.clone()).unwrap();
+    assert!(matches!(
+        starting.initialize(true).await,
+        Err(MembershipError::TooManyTombstones { .. })
+    ));
+    assert!(
+        matches!(
+            starting.read_row(&first.address).await,
+            Err(MembershipError::CorruptData { .. })
+        ),
+        "no version was created: the entry is one without a version"
+    );
     fresh.delete_cluster(&cluster).await.unwrap();
     s.query_unpaged(format!("DROP TABLE {KEYSPACE}.{name}"), ())
         .await

@@ -61,11 +61,16 @@ impl CassandraMembershipTable {
             // write reads by name): nothing is reconciled, and until a renewal's scan succeeds
             // again this table value gives the version no TTL and leaves cleanup to the silos
             // (the safe side: never early).
+            // Without a version the buried partition may still hold entries (a lost version),
+            // which no read can rule out: never answered absent (the version would restart at 0).
             Err(e @ MembershipError::TooManyTombstones { .. }) => {
+                if self.read_statics(self.pk()).await?.version_etag.is_none() {
+                    return Err(e);
+                }
                 warn!(table = %self.shared.qualified, cluster = %self.cluster_id, error = %e,
                     "cannot audit the TTLs of a partition buried in tombstones; starting without");
                 self.expiry_state.record_damaged();
-                return Ok(self.read_statics(self.pk()).await?.version_etag.is_some());
+                return Ok(true);
             }
             other => other?,
         };

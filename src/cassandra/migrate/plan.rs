@@ -101,6 +101,18 @@ pub(super) struct ClusterCopy {
 }
 
 impl ClusterCopy {
+    /// The latest write time (µs) among the cells it copies.
+    pub(super) fn latest_write_micros(&self) -> Option<i64> {
+        self.writes
+            .iter()
+            .map(|w| match w {
+                CopyWrite::Version { written, .. }
+                | CopyWrite::Entry { written, .. }
+                | CopyWrite::Heartbeat { written, .. } => *written,
+            })
+            .max()
+    }
+
     /// How many of its writes are of one kind.
     pub(super) fn count(&self, kind: fn(&CopyWrite) -> bool) -> usize {
         self.writes.iter().filter(|w| kind(w)).count()
