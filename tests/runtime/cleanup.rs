@@ -397,7 +397,14 @@ async fn silos_that_left_are_pruned_down_to_the_dead_entry_limit() {
         silo.leave().await.unwrap();
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    assert_eq!(dead_entries(table.as_ref()).await.len(), 3);
+    // The first round runs at a random point of the first minute: it may already have removed
+    // .3, never a newer one.
+    let dead = dead_entries(table.as_ref()).await;
+    assert!(
+        dead == [address(3), address(4), address(5)].into()
+            || dead == [address(4), address(5)].into(),
+        "three Dead entries, or the two newest: {dead:?}"
+    );
     tokio::time::sleep(Duration::from_secs(120)).await;
     assert_eq!(
         dead_entries(table.as_ref()).await,
