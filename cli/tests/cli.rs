@@ -9,38 +9,23 @@ use std::time::{Duration, Instant};
 use assert_cmd::Command;
 use cassandra_membership::{
     CassandraClusteringOptions, CassandraMembershipTable, MembershipEntry, MembershipTable,
-    SiloAddress, SiloStatus, SuspectTime, Timestamp,
+    SiloStatus, SuspectTime, Timestamp,
 };
 use serde_json::Value;
 
+mod common;
+use common::{SERVICE, addr, connect, connected, contact_points, keyspace};
+
 /// Generous: the node is shared and conditional writes can be slow under load.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
-
-fn contact_points() -> String {
-    std::env::var("CASSANDRA_CONTACT_POINTS").unwrap_or_else(|_| "127.0.0.1:9042".into())
-}
-
-fn keyspace() -> String {
-    std::env::var("CM_CLI_TEST_KEYSPACE").unwrap_or_else(|_| "cm_cli_test".into())
-}
 
 /// A table of its own for each test: the TTL audit and patch look at a whole table.
 fn unique_table() -> String {
     format!("t_{}", uuid::Uuid::new_v4().simple())
 }
 
-const SERVICE: &str = "shop";
-
 fn options(table: &str, cluster: &str, ttl: bool) -> CassandraClusteringOptions {
-    let mut o = CassandraClusteringOptions::default()
-        .keyspace(keyspace())
-        .service_id(SERVICE)
-        .cluster_id(cluster)
-        .contact_points(contact_points().split(','))
-        .table(table)
-        .create_keyspace_simple(1)
-        .request_timeout(Duration::from_secs(30))
-        .ttl(ttl);
+    let mut o = common::options(table, cluster).ttl(ttl);
     o.membership.defunct_silo_expiration = Duration::from_secs(3600);
     o
 }
@@ -48,22 +33,11 @@ fn options(table: &str, cluster: &str, ttl: bool) -> CassandraClusteringOptions 
 /// Connects and initializes a cluster of a test table. Panics with instructions when no node
 /// answers: these tests never skip.
 async fn cluster(table: &str, cluster: &str, ttl: bool) -> CassandraMembershipTable {
-    let t = CassandraMembershipTable::connect(options(table, cluster, ttl))
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "no Cassandra node answers at {} ({e}); start one with scripts/cassandra.sh start",
-                contact_points()
-            )
-        });
+    let t = connect(options(table, cluster, ttl)).await;
     t.initialize(true)
         .await
         .expect("initialize the test cluster");
     t
-}
-
-fn addr(text: &str) -> SiloAddress {
-    text.parse().unwrap()
 }
 
 async fn insert(t: &CassandraMembershipTable, entry: MembershipEntry) {
@@ -107,38 +81,15 @@ async fn drop_table(t: &CassandraMembershipTable) {
         .await;
 }
 
-/// The binary with no CASSANDRA_MEMBERSHIP_* variable nor RUST_LOG from the caller's
-/// environment, and no default config file (XDG_CONFIG_HOME points at nothing).
+/// The binary without the caller's environment (see [`common::bare`]).
 fn bare() -> Command {
-    let mut c = Command::cargo_bin("cassandra-membership").unwrap();
-    for (k, _) in std::env::vars() {
-        if k.starts_with("CASSANDRA_MEMBERSHIP_") {
-            c.env_remove(k);
-        }
-    }
-    c.env_remove("RUST_LOG").env(
-        "XDG_CONFIG_HOME",
-        std::env::temp_dir().join("cm-cli-no-config-here"),
-    );
-    c.timeout(COMMAND_TIMEOUT);
-    c
+    common::bare(COMMAND_TIMEOUT)
 }
 
-/// The binary with the connection flags of `table` (see [`bare`]).
+/// The binary with the connection flags of `table` and the test service.
 fn cli(table: &str) -> Command {
-    let mut c = bare();
-    c.timeout(COMMAND_TIMEOUT).args([
-        "--contact-points",
-        &contact_points(),
-        "--keyspace",
-        &keyspace(),
-        "--table",
-        table,
-        "--service",
-        SERVICE,
-        "--request-timeout",
-        "30s",
-    ]);
+    let mut c = connected(COMMAND_TIMEOUT, table);
+    c.args(["--service", SERVICE]);
     c
 }
 

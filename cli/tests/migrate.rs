@@ -7,13 +7,15 @@ use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
 use cassandra_membership::{
-    CassandraClusteringOptions, CassandraMembershipTable, ETag, MembershipEntry, MembershipError,
-    MembershipTable, SiloAddress, SiloStatus, SuspectTime, Timestamp, TtlMismatchPolicy,
+    CassandraMembershipTable, ETag, MembershipEntry, MembershipError, MembershipTable, SiloStatus,
+    SuspectTime, Timestamp, TtlMismatchPolicy,
 };
 use serde_json::Value;
 
+mod common;
+use common::{SERVICE, addr, connect, connected, keyspace, options};
+
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(180);
-const SERVICE: &str = "shop";
 
 /// `git show v0.2:cql/create_table.cql`, as cassandra-membership 0.2 created its tables (without
 /// the derived table id).
@@ -38,75 +40,23 @@ const OLD_CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS {table} (
     PRIMARY KEY ((service_id, cluster_id), silo)
 ) WITH default_time_to_live = 0 AND gc_grace_seconds = 3600";
 
-fn contact_points() -> String {
-    std::env::var("CASSANDRA_CONTACT_POINTS").unwrap_or_else(|_| "127.0.0.1:9042".into())
-}
-
-fn keyspace() -> String {
-    std::env::var("CM_CLI_TEST_KEYSPACE").unwrap_or_else(|_| "cm_cli_test".into())
-}
-
 fn unique(prefix: &str) -> String {
     format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
 }
 
-fn options(table: &str, cluster: &str) -> CassandraClusteringOptions {
-    CassandraClusteringOptions::default()
-        .keyspace(keyspace())
-        .service_id(SERVICE)
-        .cluster_id(cluster)
-        .contact_points(contact_points().split(','))
-        .table(table)
-        .create_keyspace_simple(1)
-        .request_timeout(Duration::from_secs(30))
-}
-
-/// A table value on `table` (nothing is created). Panics with instructions when no node answers.
+/// A table value on `table` (nothing is created).
 async fn open(table: &str, cluster: &str) -> CassandraMembershipTable {
-    CassandraMembershipTable::connect(options(table, cluster))
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "no Cassandra node answers at {} ({e}); start one with scripts/cassandra.sh start",
-                contact_points()
-            )
-        })
-}
-
-fn addr(text: &str) -> SiloAddress {
-    text.parse().unwrap()
+    connect(options(table, cluster)).await
 }
 
 fn q(table: &str) -> String {
     format!("\"{}\".\"{table}\"", keyspace())
 }
 
-/// The binary with the connection flags and nothing from the caller's environment.
+/// The binary with the connection flags of `table`, expiry off (see [`common::connected`]).
 fn cli(table: &str) -> Command {
-    let mut c = Command::cargo_bin("cassandra-membership").unwrap();
-    for (k, _) in std::env::vars() {
-        if k.starts_with("CASSANDRA_MEMBERSHIP_") {
-            c.env_remove(k);
-        }
-    }
-    c.env_remove("RUST_LOG")
-        .env(
-            "XDG_CONFIG_HOME",
-            std::env::temp_dir().join("cm-cli-no-config-here"),
-        )
-        .timeout(COMMAND_TIMEOUT)
-        .args([
-            "--contact-points",
-            &contact_points(),
-            "--keyspace",
-            &keyspace(),
-            "--table",
-            table,
-            "--request-timeout",
-            "30s",
-            "--ttl",
-            "false",
-        ]);
+    let mut c = connected(COMMAND_TIMEOUT, table);
+    c.args(["--ttl", "false"]);
     c
 }
 
