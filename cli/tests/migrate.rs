@@ -726,13 +726,7 @@ async fn migrate_refuses_a_source_that_is_not_of_the_old_shape() {
 
 #[test]
 fn migrate_needs_ttl_set_explicitly() {
-    let out = Command::cargo_bin("cassandra-membership")
-        .unwrap()
-        .env(
-            "XDG_CONFIG_HOME",
-            std::env::temp_dir().join("cm-cli-no-config-here"),
-        )
-        .env_remove("CASSANDRA_MEMBERSHIP_TTL")
+    let out = common::bare(COMMAND_TIMEOUT)
         .args([
             "--contact-points",
             "127.0.0.1:1",

@@ -89,7 +89,9 @@ async fn retry_read(err: &MembershipError, attempt: u32) -> bool {
 /// A coordinator or replica that has not applied a table another node just created answers that
 /// the table does not exist (Cassandra) or is unconfigured (ScyllaDB), or fails the read with
 /// `INCOMPATIBLE_SCHEMA` / an unknown table id, until the schema reaches it; the provider only
-/// reads tables `initialize` made sure of, so this passes.
+/// reads tables `initialize` made sure of, so this passes. Likewise the entry type: `initialize`
+/// creates it just before the table, and a coordinator that has not applied it yet (another
+/// silo's `IF NOT EXISTS` answered by a node that had) refuses the table with "Unknown type".
 pub(super) fn schema_lag(err: &MembershipError) -> bool {
     let MembershipError::Storage { source, .. } = err else {
         return false;
@@ -100,6 +102,7 @@ pub(super) fn schema_lag(err: &MembershipError) -> bool {
         "unconfigured table",
         "INCOMPATIBLE_SCHEMA",
         "Unknown CF",
+        "Unknown type",
     ]
     .iter()
     .any(|sign| text.contains(sign))
@@ -442,7 +445,7 @@ impl CassandraMembershipTable {
 
 #[cfg(test)]
 mod tests {
-    use scylla::errors::{DbError, ExecutionError, WriteType};
+    use scylla::errors::{DbError, ExecutionError, RequestAttemptError, WriteType};
     use scylla::statement::Consistency;
 
     use super::*;
@@ -525,5 +528,20 @@ mod tests {
                 make()
             );
         }
+    }
+
+    /// A coordinator that has not applied the entry type another silo's node just created
+    /// refuses the table's creation with "Unknown type" (seen on three nodes while one was
+    /// dead): the same schema lag as a table not applied yet, so `initialize` tries again.
+    #[test]
+    fn an_entry_type_not_applied_yet_is_a_schema_lag() {
+        let err = |message: &str| MembershipError::Storage {
+            operation: "initialize",
+            source: Box::new(ExecutionError::LastAttemptError(
+                RequestAttemptError::DbError(DbError::Invalid, message.into()),
+            )),
+        };
+        assert!(schema_lag(&err("Unknown type cm_faults.t_c1ca5023_entry")));
+        assert!(!schema_lag(&err("Invalid column name status")));
     }
 }
