@@ -663,8 +663,12 @@ fn an_unreachable_node_is_exit_1_within_the_timeout_and_credentials_are_never_ec
     assert!(!all.contains("pa55-never-printed"), "{all}");
 }
 
-#[test]
-fn a_wrong_keyspace_or_table_is_a_schema_error_exit_4() {
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wrong_keyspace_or_table_is_a_schema_error_exit_4() {
+    // The test keyspace exists (on a fresh node no other test may have created it yet), so the
+    // first case is about the table alone.
+    let t = cluster(&unique_table(), "blue", false).await;
+    drop_table(&t).await;
     for (keyspace, table, says) in [
         (
             keyspace(),
