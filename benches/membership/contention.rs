@@ -47,8 +47,10 @@ pub(crate) async fn run(s: &Arc<Session>, r: &mut Report) -> Res<()> {
     out.push(sequential(s, "100 sequential read_all + insert_row", 100, true).await?);
     out.push(step_storm(s, "100 × protocol::join_within at once", 100).await?);
     out.push(initialize_storm(s, "100 × initialize at once (Silo::join's first step)", 100).await?);
-    out.push(silo_storm(s, "100 × Silo::join at once", 100).await?);
+    out.push(silo_storm(s, "100 × Silo::join at once", 100, false).await?);
+    out.push(silo_storm(s, "100 × Silo::join one after another", 100, true).await?);
     out.push(step_storm(s, "1,000 × protocol::join_within at once", 1000).await?);
+    out.push(silo_storm(s, "1,000 × Silo::join at once", 1000, false).await?);
     let base = out[0].all_joined.as_secs_f64();
     let rows: Vec<Vec<String>> = out
         .iter()
@@ -215,9 +217,11 @@ async fn initialize_storm(s: &Arc<Session>, label: &str, n: u32) -> Res<Outcome>
     })
 }
 
-/// The whole `Silo::join`: initialize, insert as Joining, move to Active, start the tasks.
-async fn silo_storm(s: &Arc<Session>, label: &str, n: u32) -> Res<Outcome> {
-    let cluster = format!("silo-{n}");
+/// The whole `Silo::join`: initialize, insert as Joining, move to Active, start the tasks; all
+/// at once, or (`sequential`) one after another — the same work without a race to lose, which
+/// splits the storm's ratio into what a join costs and what racing adds.
+async fn silo_storm(s: &Arc<Session>, label: &str, n: u32, sequential: bool) -> Res<Outcome> {
+    let cluster = format!("silo-{n}{}", if sequential { "-seq" } else { "" });
     let t = fresh(s, &cluster).await?;
     let mut options = t.options().membership.clone();
     // One silo per process may run the defunct cleanup; here all of them share one.
@@ -228,26 +232,40 @@ async fn silo_storm(s: &Arc<Session>, label: &str, n: u32) -> Res<Outcome> {
         t.options().clone().membership(options),
     )?;
     let before = silos.statement_counts();
+    // One join from its own table value; `since` is when its time counts from.
+    let join = |i: u32, since: Instant| {
+        let table: Arc<dyn MembershipTable> =
+            Arc::new(silos.for_cluster(&cluster).expect("a valid cluster id"));
+        async move {
+            let e = entry(i);
+            let r = Silo::builder(table, e.address)
+                .host_name(e.host_name)
+                .silo_name(e.silo_name)
+                .proxy_port(e.proxy_port)
+                .join()
+                .await;
+            // The heartbeat (every 30 s) and detector never run before this section ends.
+            (
+                since.elapsed(),
+                r.map(Silo::crash).map_err(|e| e.to_string()),
+            )
+        }
+    };
     let start = Instant::now();
-    let tasks: Vec<_> = (0..n)
-        .map(|i| {
-            let table: Arc<dyn MembershipTable> =
-                Arc::new(silos.for_cluster(&cluster).expect("a valid cluster id"));
-            tokio::spawn(async move {
-                let e = entry(i);
-                let r = Silo::builder(table, e.address)
-                    .host_name(e.host_name)
-                    .silo_name(e.silo_name)
-                    .proxy_port(e.proxy_port)
-                    .join()
-                    .await;
-                let took = start.elapsed();
-                // The heartbeat (every 30 s) and detector never run before this section ends.
-                (took, r.map(Silo::crash).map_err(|e| e.to_string()))
-            })
-        })
-        .collect();
-    let (per_silo, errors, first_error) = gather(tasks).await?;
+    let (per_silo, errors, first_error) = if sequential {
+        let (mut per_silo, mut errors, mut first_error) = (Vec::new(), 0, None);
+        for i in 0..n {
+            let (took, result) = join(i, Instant::now()).await;
+            per_silo.push(took);
+            if let Err(e) = result {
+                errors += 1;
+                first_error.get_or_insert(e);
+            }
+        }
+        (per_silo, errors, first_error)
+    } else {
+        gather((0..n).map(|i| tokio::spawn(join(i, start))).collect()).await?
+    };
     let all_joined = start.elapsed();
     println!(
         "{label}: {:.2} s, {errors} failed",

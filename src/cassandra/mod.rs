@@ -337,6 +337,7 @@ impl CassandraMembershipTable {
                     o.consistency,
                     self.shared.routing.as_ref(),
                     o.request_timeout,
+                    o.membership.effective_table_operation_timeout(),
                     o.page_size,
                     o.entry_conditions,
                 )

@@ -36,10 +36,11 @@ pub(crate) fn decide(
                 | DbError::IsBootstrapping
                 | DbError::ServerError
                 | DbError::RateLimitReached { .. } => RetryDecision::RetryNextTarget(None),
-                // A serial read that finds a proposal in progress completes it, and may time
-                // out doing so (as a CAS write timeout): the same node can finish next time.
+                // A timeout on the next node, not the same: a coordinator cut off from the other
+                // replicas times out every attempt, and any node can complete a proposal a
+                // serial read found in progress.
                 DbError::ReadTimeout { .. } | DbError::WriteTimeout { .. } => {
-                    RetryDecision::RetrySameTarget(None)
+                    RetryDecision::RetryNextTarget(None)
                 }
                 _ => RetryDecision::DontRetry,
             },
@@ -123,5 +124,38 @@ mod tests {
             decide(StatementKind::Idempotent, &db(DbError::SyntaxError), 0),
             RetryDecision::DontRetry
         );
+    }
+
+    #[test]
+    fn a_timed_out_idempotent_statement_is_sent_to_the_next_node() {
+        // A coordinator cut off from the other replicas times out every attempt it gets: the
+        // same node again would spend the call on it (seen: a silo heartbeating through a
+        // node cut off from the rest was declared dead).
+        for e in [
+            db(DbError::WriteTimeout {
+                consistency: Consistency::Quorum,
+                received: 1,
+                required: 2,
+                write_type: WriteType::Simple,
+            }),
+            db(DbError::WriteTimeout {
+                consistency: Consistency::Serial,
+                received: 0,
+                required: 2,
+                write_type: WriteType::Cas,
+            }),
+            db(DbError::ReadTimeout {
+                consistency: Consistency::Quorum,
+                received: 1,
+                required: 2,
+                data_present: false,
+            }),
+        ] {
+            assert_eq!(
+                decide(StatementKind::Idempotent, &e, 0),
+                RetryDecision::RetryNextTarget(None),
+                "{e:?}"
+            );
+        }
     }
 }

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use scylla::client::execution_profile::ExecutionProfileHandle;
 use scylla::client::session::Session;
+use scylla::policies::speculative_execution::SimpleSpeculativeExecutionPolicy;
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::{Consistency, SerialConsistency};
@@ -167,12 +168,15 @@ impl std::fmt::Debug for Statements {
 }
 
 impl Statements {
+    // One call site (mod.rs), each argument an option the statements carry.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn prepare(
         session: &Session,
         qualified_table: &str,
         profile: ConsistencyProfile,
         routing: Option<&ExecutionProfileHandle>,
         request_timeout: std::time::Duration,
+        heartbeat_call: std::time::Duration,
         page_size: u32,
         conditions: EntryConditions,
     ) -> Result<Statements, PrepareFailure> {
@@ -229,7 +233,11 @@ impl Statements {
         };
         let write_version = prep(WRITE_VERSION, commit).await?;
         // A heartbeat is a plain write with an explicit timestamp: repeating it is harmless.
-        let heartbeat = idempotent(prep(HEARTBEAT, commit).await?);
+        let mut heartbeat = idempotent(prep(HEARTBEAT, commit).await?);
+        heartbeat.set_execution_profile_handle(Some(speculative(
+            routing.unwrap_or(session.get_default_execution_profile_handle()),
+            request_timeout.min(heartbeat_call),
+        )));
         let delete_heartbeat_before = idempotent(prep(DELETE_HEARTBEAT_BEFORE, commit).await?);
         Ok(Statements {
             init_version: prep(INIT_VERSION, commit).await?,
@@ -299,6 +307,25 @@ fn idempotent(mut p: PreparedStatement) -> PreparedStatement {
     p.set_is_idempotent(true);
     p.set_retry_policy(Some(retry_policy(StatementKind::Idempotent)));
     p
+}
+
+/// The heartbeat's profile: `base` (the statements' routing, or the session's default), plus
+/// speculative sends. A heartbeat is what keeps a silo alive: one whose coordinator is cut off
+/// from the other replicas (it times out, and is not yet down for the driver) would spend its
+/// whole call there, and a few such heartbeats in a row get the silo declared dead. Unanswered
+/// after a quarter of its call (`call`), it is also sent to the next node of the plan, and to a
+/// third after another quarter; the plain write is idempotent (one cell, one timestamp), so
+/// whichever lands first counts and the others change nothing. A healthy heartbeat answers long
+/// before: it stays one write.
+fn speculative(base: &ExecutionProfileHandle, call: std::time::Duration) -> ExecutionProfileHandle {
+    let policy = SimpleSpeculativeExecutionPolicy {
+        max_retry_count: 2,
+        retry_interval: (call / 4).max(std::time::Duration::from_millis(50)),
+    };
+    base.pointee_to_builder()
+        .speculative_execution_policy(Some(std::sync::Arc::new(policy)))
+        .build()
+        .into_handle_with_label("cassandra-membership heartbeat".to_owned())
 }
 
 /// Set on each statement, so it holds on a host's own session whatever its default policy.
