@@ -73,39 +73,17 @@ fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Whether to send a read again after `err` on attempt `attempt` (sleeping briefly first).
-async fn retry_read(err: &MembershipError, attempt: u32) -> bool {
-    if attempt >= READ_ATTEMPTS
-        || !(matches!(err, MembershipError::Timeout { .. }) || schema_lag(err))
-    {
+/// Whether to send a read again after `err` on attempt `attempt` (sleeping briefly first): a
+/// timeout, or a node that has not applied the table yet (`lagging`, see `schema_lag.rs`; the
+/// provider only reads tables `initialize` made sure of, so this passes).
+async fn retry_read(err: &MembershipError, lagging: bool, attempt: u32) -> bool {
+    if attempt >= READ_ATTEMPTS || !(matches!(err, MembershipError::Timeout { .. }) || lagging) {
         return false;
     }
     warn!(error = %err, attempt, "a read failed for a passing reason; sending it again");
     let pause = 250 * u64::from(attempt) + rand::random_range(0..100);
     tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
     true
-}
-
-/// A coordinator or replica that has not applied a table another node just created answers that
-/// the table does not exist (Cassandra) or is unconfigured (ScyllaDB), or fails the read with
-/// `INCOMPATIBLE_SCHEMA` / an unknown table id, until the schema reaches it; the provider only
-/// reads tables `initialize` made sure of, so this passes. Likewise the entry type: `initialize`
-/// creates it just before the table, and a coordinator that has not applied it yet (another
-/// silo's `IF NOT EXISTS` answered by a node that had) refuses the table with "Unknown type".
-pub(super) fn schema_lag(err: &MembershipError) -> bool {
-    let MembershipError::Storage { source, .. } = err else {
-        return false;
-    };
-    let text = format!("{source} {source:?}");
-    [
-        "does not exist",
-        "unconfigured table",
-        "INCOMPATIBLE_SCHEMA",
-        "Unknown CF",
-        "Unknown type",
-    ]
-    .iter()
-    .any(|sign| text.contains(sign))
 }
 
 /// Which partition a read reads: for the tombstones it reports and the error it fails with.
@@ -327,7 +305,8 @@ impl CassandraMembershipTable {
                         });
                     }
                     let err = to_error(operation, e);
-                    if !retry_read(&err, attempt).await {
+                    let lagging = self.unapplied(&err).is_some();
+                    if !retry_read(&err, lagging, attempt).await {
                         return Err(err);
                     }
                     attempt += 1;
@@ -528,20 +507,5 @@ mod tests {
                 make()
             );
         }
-    }
-
-    /// A coordinator that has not applied the entry type another silo's node just created
-    /// refuses the table's creation with "Unknown type" (seen on three nodes while one was
-    /// dead): the same schema lag as a table not applied yet, so `initialize` tries again.
-    #[test]
-    fn an_entry_type_not_applied_yet_is_a_schema_lag() {
-        let err = |message: &str| MembershipError::Storage {
-            operation: "initialize",
-            source: Box::new(ExecutionError::LastAttemptError(
-                RequestAttemptError::DbError(DbError::Invalid, message.into()),
-            )),
-        };
-        assert!(schema_lag(&err("Unknown type cm_faults.t_c1ca5023_entry")));
-        assert!(!schema_lag(&err("Invalid column name status")));
     }
 }

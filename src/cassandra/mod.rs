@@ -38,6 +38,7 @@ mod read;
 mod resolve;
 mod retry;
 mod schema;
+mod schema_lag;
 mod statements;
 mod tls;
 mod tombstones;
@@ -367,6 +368,20 @@ impl CassandraMembershipTable {
             // Present, or unknown: the mismatch as it was found.
             Ok(true) | Err(_) => e,
         }
+    }
+
+    /// Which of this table value's schema objects `err` says a node does not know (yet).
+    fn unapplied(&self, err: &MembershipError) -> Option<schema_lag::Unapplied> {
+        let o = self.options();
+        let entry_type = statements::entry_type_name(&o.table);
+        schema_lag::unapplied(
+            err,
+            schema_lag::SchemaNames {
+                keyspace: &o.keyspace,
+                table: &o.table,
+                entry_type: &entry_type,
+            },
+        )
     }
 
     /// Names the configured user in an access failure (the driver's errors do not know it).

@@ -9,7 +9,8 @@ use uuid::Uuid;
 use super::CassandraMembershipTable;
 use super::bind::InitVersionValues;
 use super::errors::to_error;
-use super::exec::{Outcome, schema_lag};
+use super::exec::Outcome;
+use super::schema_lag::Unapplied;
 use super::statements::{
     self, create_entry_type_cql, create_keyspace_cql, create_table_cql, entry_type_name,
 };
@@ -25,33 +26,43 @@ impl CassandraMembershipTable {
     /// `initialize`: the schema, the TTL reconciliation, then the cluster's version if asked.
     pub(super) async fn initialize_cluster(&self, try_init_version: bool) -> Result<()> {
         // Every step is idempotent (IF NOT EXISTS, a conditional version insert, an audit), so a
-        // passing failure — `Unavailable`, `Timeout`, or a schema lag (exec.rs `schema_lag`): a
-        // node that has not applied a table just created yet, a connection lost while many silos
-        // start at once — is retried while request_timeout has not passed since the first try
-        // (a silent node must not hold a caller much longer than that).
+        // passing failure — `Unavailable`, `Timeout`, or a schema lag (`schema_lag.rs`: a node
+        // that has not applied the keyspace, entry type or table another node has, in whatever
+        // words its release uses), a connection lost while many silos start at once — is retried
+        // while request_timeout has not passed since the first try (a silent node must not hold a
+        // caller much longer than that).
         // A schema lag answers at once (no silent node behind it) and can last as long as a schema
-        // change takes to spread: it gets schema_timeout.
+        // change takes to spread: it gets schema_timeout. A keyspace still unknown then is
+        // `KeyspaceMissing`, whichever node said so.
         let o = self.options();
         let started = tokio::time::Instant::now();
         let passing = started + o.request_timeout.min(o.schema_timeout);
         let lagging = started + o.schema_timeout;
         let mut attempt = 0u32;
         loop {
-            match self.initialize_once(try_init_version).await {
-                Err(e)
-                    if (matches!(
-                        e,
-                        MembershipError::Unavailable { .. } | MembershipError::Timeout { .. }
-                    ) && tokio::time::Instant::now() < passing)
-                        || (schema_lag(&e) && tokio::time::Instant::now() < lagging) =>
-                {
-                    attempt += 1;
-                    debug!(attempt, error = %e, "initialize failed for a passing reason; again");
-                    let pause = 200 * u64::from(attempt.min(10)) + rand::random_range(0..200);
-                    tokio::time::sleep(Duration::from_millis(pause)).await;
-                }
-                other => return other,
+            let e = match self.initialize_once(try_init_version).await {
+                Err(e) => e,
+                ok => return ok,
+            };
+            let now = tokio::time::Instant::now();
+            let unapplied = self.unapplied(&e);
+            let retry = (matches!(
+                e,
+                MembershipError::Unavailable { .. } | MembershipError::Timeout { .. }
+            ) && now < passing)
+                || (unapplied.is_some() && now < lagging);
+            if !retry {
+                return Err(match unapplied {
+                    Some(Unapplied::Keyspace) => MembershipError::KeyspaceMissing {
+                        keyspace: o.keyspace.clone(),
+                    },
+                    _ => e,
+                });
             }
+            attempt += 1;
+            debug!(attempt, error = %e, ?unapplied, "initialize failed for a passing reason; again");
+            let pause = 200 * u64::from(attempt.min(10)) + rand::random_range(0..200);
+            tokio::time::sleep(Duration::from_millis(pause)).await;
         }
     }
 

@@ -10,6 +10,8 @@
 //! and its own rules, and both vanish with it. Clocks: the node is restarted under libfaketime
 //! (`CASSANDRA_FAKETIME` of `scripts/cassandra.sh`).
 
+mod schema_race;
+
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
