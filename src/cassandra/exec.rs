@@ -424,7 +424,7 @@ impl CassandraMembershipTable {
 
 #[cfg(test)]
 mod tests {
-    use scylla::errors::{DbError, ExecutionError, RequestAttemptError, WriteType};
+    use scylla::errors::{DbError, ExecutionError, WriteType};
     use scylla::statement::Consistency;
 
     use super::*;
