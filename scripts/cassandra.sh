@@ -319,6 +319,8 @@ start_node() { # $1 = node index, $2 = node count, $3 = "keep" to start on the n
     if [ $((SECONDS - t0)) -ge "$start_timeout" ]; then
       log "node $i did not answer CQL within ${start_timeout} s; last log lines:"
       tail -n 30 "$dir/system.log" >&2 2>/dev/null || true
+      # Not left running: it would hold the node's ports, and the next start would wait on them.
+      kill -9 "$(cat "$dir/pid")" 2>/dev/null || true
       exit 1
     fi
     sleep 1

@@ -6,8 +6,8 @@
 # exit, also when a test fails.
 #
 #   scripts/nemesis.sh            every scenario, on Paxos v1 and then v2 (README "Faults")
-#   scripts/nemesis.sh --subset   the CI subset (scripts/test.sh): minority cut, one-way cut and
-#                                 a clock ahead, on each variant
+#   scripts/nemesis.sh --subset   the CI subset (scripts/test.sh): minority cut, one-way cut, a
+#                                 clock ahead and a node lagging on a new keyspace, on each variant
 #   scripts/nemesis.sh FILTER...  the scenarios whose test names contain a FILTER
 #
 # CASSANDRA_NEMESIS_PAXOS_VARIANTS (default "v1 v2") chooses the variants; CASSANDRA_RING_VERSION
@@ -60,7 +60,7 @@ ns="cm-nemesis-$$"
 
 # Built before entering the namespace (it has no route out; the build needs none, but cargo
 # may want the index once).
-cargo test --test three_nodes --no-run --quiet
+cargo test --workspace --all-features --test three_nodes --no-run --quiet
 
 in_ns() { ip netns exec "$ns" "$@"; }
 cleanup() {
@@ -80,7 +80,8 @@ ip netns add "$ns"
 in_ns ip link set lo up
 
 if [ -n "$subset" ]; then
-  filter=(nemesis::a_minority_node_cut_off nemesis::a_one_way_cut nemesis::a_node_whose_clock_runs_ahead)
+  filter=(nemesis::a_minority_node_cut_off nemesis::a_one_way_cut nemesis::a_node_whose_clock_runs_ahead
+    nemesis::schema_race::)
 elif [ $# -gt 0 ]; then
   filter=("$@")
 else
@@ -100,6 +101,6 @@ for variant in $variants; do
   t0=$SECONDS
   # The tests restart nodes (clock skew, heal) with the same heap and group ids.
   in_ns env CM_NEMESIS_NETNS="$ns" CASSANDRA_VERSION="$version" CASSANDRA_FIRST_NODE=$first \
-    CASSANDRA_HEAP="$heap" CASSANDRA_NODE_GIDS=1 cargo test --test three_nodes -- --test-threads 1 --nocapture "${filter[@]}"
+    CASSANDRA_HEAP="$heap" CASSANDRA_NODE_GIDS=1 cargo test --workspace --all-features --test three_nodes -- --test-threads 1 --nocapture "${filter[@]}"
   log "Paxos $variant: the scenarios took $((SECONDS - t0)) s"
 done
