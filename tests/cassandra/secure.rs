@@ -218,10 +218,32 @@ impl Write for Captured {
     }
 }
 
-// Current-thread runtime (the default): every task of the driver logs on this thread, so the
-// thread's default subscriber sees all of it.
+/// Set in the process [`the_password_appears_in_no_log_line_at_trace_level`] runs itself in.
+const LOG_CAPTURE_PROCESS: &str = "CM_TEST_LOG_CAPTURE_PROCESS";
+
+/// The test runs in a process of its own (this test binary again, this test alone), where its
+/// subscriber is the global one: tracing caches each callsite's interest process-wide, and a
+/// thread-scoped subscriber misses events whose callsites other tests' threads registered at
+/// the same moment (it passed only with one test thread).
 #[tokio::test]
 async fn the_password_appears_in_no_log_line_at_trace_level() {
+    if std::env::var_os(LOG_CAPTURE_PROCESS).is_none() {
+        let name = module_path!()
+            .split_once("::")
+            .map_or("", |(_, m)| m)
+            .to_owned()
+            + "::the_password_appears_in_no_log_line_at_trace_level";
+        let status = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+            .args(["--exact", &name, "--test-threads", "1", "--nocapture"])
+            .env(LOG_CAPTURE_PROCESS, "1")
+            .status()
+            .expect("run the test binary again");
+        assert!(
+            status.success(),
+            "the log capture failed in its own process (its output is above)"
+        );
+        return;
+    }
     let (role, password) = fresh_role().await;
     let wrong = format!("{password}-wrong");
     let captured = Captured::default();
@@ -231,10 +253,7 @@ async fn the_password_appears_in_no_log_line_at_trace_level() {
         .with_writer(move || sink.clone())
         .with_ansi(false)
         .finish();
-    let guard = tracing::subscriber::set_default(subscriber);
-    // Callsites first hit by tests on other threads (no subscriber there) may have cached
-    // "never interested"; recompute so this thread's subscriber sees the provider's spans.
-    tracing::callsite::rebuild_interest_cache();
+    tracing::subscriber::set_global_default(subscriber).expect("the process's only subscriber");
     let options = secure_options(&role, &password);
     let debug_text = format!("{options:?}");
     let table = connect(options, trusting_config()).await.expect("connect");
@@ -246,7 +265,6 @@ async fn the_password_appears_in_no_log_line_at_trace_level() {
         .expect("insert");
     let _ = connect(secure_options(&role, &wrong), trusting_config()).await;
     drop(table);
-    drop(guard);
     let logs = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
     // Proof that the capture saw the driver at its most verbose level: TRACE lines from the
     // driver's own targets (how many depends on whether the table already existed).

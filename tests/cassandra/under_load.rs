@@ -53,10 +53,16 @@ fn joining(address: &str) -> MembershipEntry {
 /// Inserts `e` through the provider at the version `read_row` reports, reading again after a
 /// lost race. `Some(version)` the insert applied at; `None` once the cluster has no version
 /// any more (deleted, or closed by `delete_cluster`: its rows stay without a version a moment).
+///
+/// Under the storm a Paxos round may time out: an honest `OutcomeUnknown`, which the contract
+/// allows (seen on a loaded 4.0 node). The next serial `read_row` settles it — the round is
+/// completed or superseded by the read — and says whether the entry got in, at the one version
+/// it could have (its address is new, so a row there is this insert's).
 async fn insert_racing(t: &dyn MembershipTable, e: &MembershipEntry) -> Option<u64> {
+    let mut attempted: Option<u64> = None;
     loop {
-        let version = match t.read_row(&e.address).await {
-            Ok(snapshot) => snapshot.version,
+        let snapshot = match t.read_row(&e.address).await {
+            Ok(snapshot) => snapshot,
             Err(MembershipError::CorruptData { reason, .. })
                 if reason.contains("version is missing") =>
             {
@@ -64,12 +70,18 @@ async fn insert_racing(t: &dyn MembershipTable, e: &MembershipEntry) -> Option<u
             }
             Err(err) => panic!("read_row of {} failed: {err:?}", e.address),
         };
+        if snapshot.get(&e.address).is_some() {
+            return Some(attempted.expect("a row at a new address is this insert's"));
+        }
+        attempted = None;
+        let version = snapshot.version;
         if version == TableVersion::absent() {
             return None;
         }
         match t.insert_row(e, &version.next()).await {
             Ok(true) => return Some(version.version + 1),
             Ok(false) => continue,
+            Err(MembershipError::OutcomeUnknown { .. }) => attempted = Some(version.version + 1),
             Err(err) => panic!("insert of {} failed: {err:?}", e.address),
         }
     }

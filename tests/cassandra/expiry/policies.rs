@@ -151,15 +151,40 @@ async fn patch_removes_past_rows_keeps_live_ones_without_ttl_and_is_idempotent()
         "the audit wrote nothing"
     );
 
-    // Five silos start at once, all with patch.
+    // Five silos start at once, all with patch. Their patches race on the same rows: the
+    // contract lets a start fail for a passing reason (a Paxos round lost to another patcher's,
+    // a timeout or an outcome unknown on a loaded node), and `Silo::join` starts again on such a
+    // failure; `initialize` is idempotent, so another start completes it. Anything else fails
+    // the test.
     let tasks: Vec<_> = (0..5)
         .map(|_| {
             let t = CassandraMembershipTable::with_session(Arc::clone(&s), o.clone()).unwrap();
-            tokio::spawn(async move { t.initialize(true).await })
+            tokio::spawn(async move {
+                let mut passing = Vec::new();
+                loop {
+                    match t.initialize(true).await {
+                        Ok(()) => return Ok(passing),
+                        Err(e)
+                            if (e.is_transient()
+                                || matches!(e, MembershipError::OutcomeUnknown { .. }))
+                                && passing.len() < 3 =>
+                        {
+                            passing.push(e)
+                        }
+                        Err(e) => return Err((e, passing)),
+                    }
+                }
+            })
         })
         .collect();
     for task in tasks {
-        task.await.unwrap().expect("concurrent patches all succeed");
+        let passing = task
+            .await
+            .unwrap()
+            .expect("every concurrent patch succeeds, at most after passing failures");
+        if !passing.is_empty() {
+            eprintln!("a start was repeated after: {passing:?}");
+        }
     }
     assert_eq!(table_default_ttl(&s, &table).await, 4);
     let ttls = etag_ttls(&s, &table).await;
