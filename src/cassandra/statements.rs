@@ -11,6 +11,7 @@ use scylla::statement::{Consistency, SerialConsistency};
 
 use super::options::{ConsistencyProfile, EntryConditions};
 use super::retry::{ProviderRetryPolicy, StatementKind};
+use super::routing::ConnectedFirst;
 
 pub(crate) const CREATE_KEYSPACE: &str = include_str!("../../cql/create_keyspace.cql");
 pub(crate) const CREATE_ENTRY_TYPE: &str = include_str!("../../cql/create_entry_type.cql");
@@ -181,6 +182,10 @@ impl Statements {
         conditions: EntryConditions,
     ) -> Result<Statements, PrepareFailure> {
         let (commit, serial) = levels(profile);
+        // Every statement carries the provider's profile: the DC routing (datacenter.rs), or the
+        // session's default, with a plan that never ends on an unreachable node (routing.rs).
+        let routing =
+            &connected_first(routing.unwrap_or(session.get_default_execution_profile_handle()));
         let prep = |cql: &'static str, read_level: Consistency| {
             let text = bind_table(cql, qualified_table);
             async move {
@@ -192,7 +197,7 @@ impl Statements {
                 p.set_serial_consistency(Some(serial));
                 p.set_request_timeout(Some(request_timeout));
                 // Routing is the statement's, not the session's: see datacenter.rs.
-                p.set_execution_profile_handle(routing.cloned());
+                p.set_execution_profile_handle(Some(routing.clone()));
                 // Conditional writes are never idempotent: a retry could apply twice.
                 p.set_is_idempotent(false);
                 p.set_retry_policy(Some(retry_policy(StatementKind::Conditional)));
@@ -235,7 +240,7 @@ impl Statements {
         // A heartbeat is a plain write with an explicit timestamp: repeating it is harmless.
         let mut heartbeat = idempotent(prep(HEARTBEAT, commit).await?);
         heartbeat.set_execution_profile_handle(Some(speculative(
-            routing.unwrap_or(session.get_default_execution_profile_handle()),
+            routing,
             request_timeout.min(heartbeat_call),
         )));
         let delete_heartbeat_before = idempotent(prep(DELETE_HEARTBEAT_BEFORE, commit).await?);
@@ -250,13 +255,13 @@ impl Statements {
             delete_entry,
             insert_batch: batch(
                 profile,
-                routing,
+                Some(routing),
                 request_timeout,
                 [&insert_entry, &write_version],
             ),
             update_batch: batch(
                 profile,
-                routing,
+                Some(routing),
                 request_timeout,
                 [&update_entry, &write_version],
             ),
@@ -273,7 +278,7 @@ impl Statements {
             list_clusters: idempotent(prep(LIST_CLUSTERS, commit).await?),
             whole_entry_conditions,
             profile,
-            routing: routing.cloned(),
+            routing: Some(routing.clone()),
         })
     }
 
@@ -326,6 +331,17 @@ fn speculative(base: &ExecutionProfileHandle, call: std::time::Duration) -> Exec
         .speculative_execution_policy(Some(std::sync::Arc::new(policy)))
         .build()
         .into_handle_with_label("cassandra-membership heartbeat".to_owned())
+}
+
+/// `base` with its load balancing wrapped in [`ConnectedFirst`]: the handle every statement
+/// carries. A copy of `base` as it is now (a host remapping its session's default profile later
+/// does not change the provider's statements).
+fn connected_first(base: &ExecutionProfileHandle) -> ExecutionProfileHandle {
+    let policy = base.to_profile().get_load_balancing_policy().clone();
+    base.pointee_to_builder()
+        .load_balancing_policy(std::sync::Arc::new(ConnectedFirst::new(policy)))
+        .build()
+        .into_handle_with_label("cassandra-membership statements".to_owned())
 }
 
 /// Set on each statement, so it holds on a host's own session whatever its default policy.
