@@ -37,6 +37,7 @@ mod options;
 mod read;
 mod resolve;
 mod retry;
+mod routing;
 mod schema;
 mod schema_lag;
 mod statements;
