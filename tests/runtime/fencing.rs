@@ -306,3 +306,31 @@ fn settings_that_leave_no_fencing_margin_are_refused_naming_the_options() {
     o.validate().unwrap();
     assert!(MembershipOptions::default().validate().is_ok());
 }
+
+/// Moves tokio's paused clock on by `by` without letting any other task run — what a process
+/// frozen that long (SIGSTOP, a GC pause, a VM freeze) finds on resume. `advance` moves the clock
+/// on its first poll and then yields; dropping it there runs no task.
+fn freeze(by: Duration) {
+    use futures::FutureExt;
+    assert!(tokio::time::advance(by).now_or_never().is_none());
+}
+
+/// A silo frozen past its fence horizon refuses work first thing on resume, before any of its
+/// tasks (the heartbeat's timer among them) has run; one frozen for less keeps serving.
+#[tokio::test(start_paused = true)]
+async fn a_silo_frozen_past_its_fence_refuses_work_first_thing_on_resume() {
+    let (clock, table) = faulty_on_paused_clock();
+    let silo = join(table.clone(), 1, &clock).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(matches!(*silo.health().borrow(), SiloHealth::Healthy { .. }));
+    // Fence 21 s after the last publish (10 s period × 3, less a 9 s margin): 5 s is within it.
+    freeze(Duration::from_secs(5));
+    assert!(silo.health().borrow().should_serve(), "frozen 5 s");
+    freeze(Duration::from_secs(60));
+    assert!(
+        !silo.health().borrow().should_serve(),
+        "served first thing after a 65 s freeze: {:?}",
+        *silo.health().borrow()
+    );
+    silo.crash();
+}
