@@ -86,9 +86,7 @@ impl HeartbeatPlanner {
     /// dead: `num_missed_table_i_am_alive_limit` × `i_am_alive_table_publish_timeout`
     /// (90 s with the defaults).
     pub(crate) fn detection_horizon(options: &MembershipOptions) -> Duration {
-        options
-            .i_am_alive_table_publish_timeout
-            .saturating_mul(options.num_missed_table_i_am_alive_limit)
+        options.detection_horizon()
     }
 
     /// How much earlier than the detection horizon the host is told to fence: one publish

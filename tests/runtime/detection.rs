@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use cassandra_membership::conformance::faults::FaultyTable;
 use cassandra_membership::conformance::faults::{Injection, Operation};
 use cassandra_membership::runtime::protocol;
-use cassandra_membership::conformance::faults::FaultyTable;
 use cassandra_membership::{
     Clock, MembershipTable, SiloAddress, SiloHealth, SiloStatus, SuspectTime, TokioClock,
 };
@@ -272,7 +272,11 @@ async fn a_vote_from_an_earlier_silence_does_not_count_towards_a_death() {
     );
     let row = table.read_row(&suspect).await.unwrap().rows[0].clone();
     assert_eq!(row.entry.status, SiloStatus::Active);
-    assert_eq!(voters(&row), vec![me], "the expired vote is dropped, ours added");
+    assert_eq!(
+        voters(&row),
+        vec![me],
+        "the expired vote is dropped, ours added"
+    );
 }
 
 /// A vote by a silo that is itself Dead, or has no entry any more, does not count; a fresh one
@@ -300,7 +304,15 @@ async fn a_vote_by_a_silo_that_is_dead_or_gone_does_not_count() {
     )
     .await;
     // Voted by 5 (Active).
-    let by_the_living = insert(&table, &clock, 6, SiloStatus::Active, silent, &[(5, recent)]).await;
+    let by_the_living = insert(
+        &table,
+        &clock,
+        6,
+        SiloStatus::Active,
+        silent,
+        &[(5, recent)],
+    )
+    .await;
     let round = protocol::detection_round(table.as_ref(), &me, &options(), clock.now())
         .await
         .unwrap();
