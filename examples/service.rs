@@ -1,6 +1,7 @@
-//! A service the way a Kubernetes deployment runs one: an HTTP server around a silo. Readiness is
-//! the silo's [`SiloHealth::should_serve`], liveness `!is_final()`; the work endpoint refuses
-//! work while the silo must fence; SIGTERM or Ctrl-C leaves the cluster gracefully (exit 0). A
+//! A service the way a Kubernetes deployment runs one: an HTTP server around a silo. Readiness and
+//! each piece of work ask the silo's [`Fence::should_serve`] (decided against the clock when
+//! asked, so a process resumed after a pause past its fence refuses work before any of its tasks
+//! has run); liveness is `!is_final()`; the work endpoint refuses work while the silo must fence; SIGTERM or Ctrl-C leaves the cluster gracefully (exit 0). A
 //! silo the cluster declared dead (or whose entry is gone) stops and exits 1, so the
 //! orchestrator starts a new incarnation.
 //!
@@ -14,7 +15,7 @@
 //!
 //! | path | answers |
 //! |---|---|
-//! | `GET /readyz` | 200 while `silo.health().borrow().should_serve()`; 503 while starting (before the join returned), fenced or leaving |
+//! | `GET /readyz` | 200 while `silo.fence().should_serve()`; 503 while starting (before the join returned), fenced or leaving |
 //! | `GET /livez` | 200 while the health is not final (starting included), else 503 |
 //! | `GET /work` | 200 and a result while serving; 503 while starting, fenced or leaving |
 //!
@@ -69,8 +70,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use cassandra_membership::{
-    CassandraClusteringOptions, CassandraMembershipTable, InMemoryMembershipTable, MembershipTable,
-    Silo, SiloAddress, SiloHealth,
+    CassandraClusteringOptions, CassandraMembershipTable, Fence, InMemoryMembershipTable,
+    MembershipTable, Silo, SiloAddress, SiloHealth,
 };
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -107,10 +108,10 @@ async fn table(args: &[String], cluster: &str) -> Result<Arc<dyn MembershipTable
     }
 }
 
-/// What the handlers read: the silo's health once it joined, and whether the process is leaving.
+/// What the handlers read: the silo's fence once it joined, and whether the process is leaving.
 #[derive(Clone)]
 struct Service {
-    health: Arc<OnceLock<watch::Receiver<SiloHealth>>>,
+    fence: Arc<OnceLock<Fence>>,
     leaving: Arc<AtomicBool>,
     silo: SiloAddress,
 }
@@ -118,11 +119,12 @@ struct Service {
 impl Service {
     /// The silo's health; `None` while it starts (its join has not returned).
     fn health(&self) -> Option<SiloHealth> {
-        self.health.get().map(|h| h.borrow().clone())
+        self.fence.get().map(Fence::health)
     }
 
+    /// Asked when work arrives: against the clock now, not the last health a timer wrote.
     fn serving(&self) -> bool {
-        !self.leaving.load(Ordering::SeqCst) && self.health().is_some_and(|h| h.should_serve())
+        !self.leaving.load(Ordering::SeqCst) && self.fence.get().is_some_and(Fence::should_serve)
     }
 }
 
@@ -279,7 +281,7 @@ async fn main() -> Result<(), Error> {
 
     // The probes are served from here on: starting until the join returns.
     let service = Service {
-        health: Arc::new(OnceLock::new()),
+        fence: Arc::new(OnceLock::new()),
         leaving: Arc::new(AtomicBool::new(false)),
         silo: address,
     };
@@ -335,7 +337,7 @@ async fn main() -> Result<(), Error> {
         }
     };
     // Readiness first: "joined" on stdout tells a watcher (and the tests) the probes say so.
-    let _ = service.health.set(silo.health());
+    let _ = service.fence.set(silo.fence());
     println!("joined as {address}");
 
     let mut health = silo.health();

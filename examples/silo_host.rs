@@ -46,7 +46,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut membership = MembershipOptions::default();
     membership.i_am_alive_table_publish_timeout = period;
     membership.num_missed_table_i_am_alive_limit = 3;
-    membership.death_vote_expiration_timeout = period * 10;
     membership.defunct_silo_cleanup_period = None;
     let options = CassandraClusteringOptions::default()
         .keyspace(keyspace)

@@ -66,7 +66,7 @@ pub use model::{
 };
 pub use observe::describe_metrics;
 pub use options::MembershipOptions;
-pub use runtime::health::{FailureCause, SiloHealth};
+pub use runtime::health::{FailureCause, Fence, SiloHealth};
 pub use runtime::silo::{Silo, SiloBuilder};
 pub use table::{HeartbeatOutcome, Lease, MembershipTable, StorageExpiry};
 

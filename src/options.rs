@@ -46,9 +46,13 @@ pub struct MembershipOptions {
     pub i_am_alive_jitter_percent: u8,
     /// How many silos must suspect a silent silo before it is declared dead. Default 2.
     pub num_votes_for_death_declaration: u32,
-    /// How long a suspicion counts as a vote. Default 2 min.
+    /// How long a suspicion counts as a vote. `None` (the default) means the detection horizon,
+    /// `num_missed_table_i_am_alive_limit` × `i_am_alive_table_publish_timeout` (90 s with the
+    /// defaults; Orleans' fixed default is 2 min): a vote that old was cast on an earlier silence
+    /// of its suspect, so it must not be counted with one on the current silence. A value set
+    /// must lie between one publish period and that horizon.
     #[serde(with = "humantime_serde")]
-    pub death_vote_expiration_timeout: Duration,
+    pub death_vote_expiration_timeout: Option<Duration>,
     /// First retry delay after a failed heartbeat (doubling up to the publish period). Default 1 s.
     #[serde(with = "humantime_serde")]
     pub heartbeat_retry_backoff: Duration,
@@ -86,7 +90,7 @@ impl Default for MembershipOptions {
             defunct_silo_cleanup_jitter: Duration::from_secs(300),
             i_am_alive_jitter_percent: 10,
             num_votes_for_death_declaration: 2,
-            death_vote_expiration_timeout: Duration::from_secs(120),
+            death_vote_expiration_timeout: None,
             heartbeat_retry_backoff: Duration::from_secs(1),
             force_defunct_cleanup: false,
             table_operation_timeout: None,
@@ -212,8 +216,8 @@ impl MembershipOptions {
         i_am_alive_jitter_percent: u8,
         /// Sets `num_votes_for_death_declaration`.
         num_votes_for_death_declaration: u32,
-        /// Sets `death_vote_expiration_timeout`.
-        death_vote_expiration_timeout: Duration,
+        /// Sets `death_vote_expiration_timeout` (`None`: the detection horizon).
+        death_vote_expiration_timeout: Option<Duration>,
         /// Sets `heartbeat_retry_backoff`.
         heartbeat_retry_backoff: Duration,
         /// Sets `force_defunct_cleanup`.
@@ -230,6 +234,21 @@ impl MembershipOptions {
     pub fn effective_table_operation_timeout(&self) -> Duration {
         self.table_operation_timeout
             .unwrap_or(self.i_am_alive_table_publish_timeout)
+    }
+
+    /// How long after the others may vote a silent silo dead:
+    /// `num_missed_table_i_am_alive_limit` × `i_am_alive_table_publish_timeout` (90 s with the
+    /// defaults).
+    pub fn detection_horizon(&self) -> Duration {
+        self.i_am_alive_table_publish_timeout
+            .saturating_mul(self.num_missed_table_i_am_alive_limit)
+    }
+
+    /// How long a suspicion counts as a vote: `death_vote_expiration_timeout`, or the detection
+    /// horizon ([`MembershipOptions::detection_horizon`]).
+    pub fn effective_death_vote_expiration_timeout(&self) -> Duration {
+        self.death_vote_expiration_timeout
+            .unwrap_or_else(|| self.detection_horizon())
     }
 
     /// The longest a healthy heartbeat takes to follow the previous one's start: the longest
@@ -287,13 +306,19 @@ impl MembershipOptions {
                 "must be at least 1",
             ));
         }
-        // A vote that expires before the next detection round can never be counted with another.
-        if self.death_vote_expiration_timeout < self.i_am_alive_table_publish_timeout {
+        // A vote that expires before the next detection round can never be counted with another;
+        // one that outlives the detection horizon can be counted with a vote on a later silence.
+        let (votes, period) = (
+            self.effective_death_vote_expiration_timeout(),
+            self.i_am_alive_table_publish_timeout,
+        );
+        if votes < period || votes > self.detection_horizon() {
             return Err(MembershipError::config(
                 "death_vote_expiration_timeout",
                 format!(
-                    "must be at least one publish period ({:?})",
-                    self.i_am_alive_table_publish_timeout
+                    "{votes:?} must lie between one i_am_alive_table_publish_timeout ({period:?}) and the detection horizon, {} × that period ({:?}): a vote older than the horizon was cast on an earlier silence; leave it unset to use the horizon",
+                    self.num_missed_table_i_am_alive_limit,
+                    self.detection_horizon()
                 ),
             ));
         }
@@ -315,9 +340,7 @@ impl MembershipOptions {
         }
         // The fence must come after the longest healthy heartbeat gap and before the others may
         // vote: with no room in between, a healthy silo would be told to fence.
-        let detection = self
-            .i_am_alive_table_publish_timeout
-            .saturating_mul(self.num_missed_table_i_am_alive_limit);
+        let detection = self.detection_horizon();
         if detection <= self.longest_heartbeat_gap() {
             return Err(MembershipError::config(
                 "num_missed_table_i_am_alive_limit",
@@ -424,7 +447,7 @@ mod tests {
             "num_votes_for_death_declaration"
         );
         assert_eq!(
-            rejected(d().death_vote_expiration_timeout(Duration::ZERO)),
+            rejected(d().death_vote_expiration_timeout(Some(Duration::ZERO))),
             "death_vote_expiration_timeout"
         );
         assert_eq!(
@@ -445,6 +468,42 @@ mod tests {
             "num_missed_table_i_am_alive_limit"
         );
         let o = d().max_join_attempt_time(Duration::MAX);
+        o.validate().unwrap();
+    }
+
+    /// The soak's settings (1 s period, 3 missed, the rest default) kept votes for 120 s: a vote
+    /// 90 s old was counted with a fresh one on a later silence.
+    #[test]
+    fn a_vote_lasts_the_detection_horizon_and_a_longer_lifetime_is_refused_naming_both() {
+        let fast =
+            MembershipOptions::default().i_am_alive_table_publish_timeout(Duration::from_secs(1));
+        fast.validate().unwrap();
+        assert_eq!(
+            fast.effective_death_vote_expiration_timeout(),
+            Duration::from_secs(3)
+        );
+        let d = MembershipOptions::default();
+        assert_eq!(
+            d.effective_death_vote_expiration_timeout(),
+            Duration::from_secs(90)
+        );
+        let orleans = d.death_vote_expiration_timeout(Some(Duration::from_secs(120)));
+        match orleans.validate() {
+            Err(MembershipError::InvalidConfiguration { option, reason }) => {
+                assert_eq!(option, "death_vote_expiration_timeout");
+                assert!(
+                    reason.contains("120s") && reason.contains("90s"),
+                    "{reason}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let o: MembershipOptions =
+            toml::from_str("death_vote_expiration_timeout = \"1m\"").unwrap();
+        assert_eq!(
+            o.effective_death_vote_expiration_timeout(),
+            Duration::from_secs(60)
+        );
         o.validate().unwrap();
     }
 

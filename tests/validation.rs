@@ -27,7 +27,10 @@ fn membership_options_that_cannot_work_are_refused() {
         "num_votes_for_death_declaration"
     );
     assert_eq!(
-        option_of(d().death_vote_expiration_timeout(Duration::ZERO).validate()),
+        option_of(
+            d().death_vote_expiration_timeout(Some(Duration::ZERO))
+                .validate()
+        ),
         "death_vote_expiration_timeout"
     );
 }

@@ -1,4 +1,8 @@
-//! What the runtime tells the host about its silo's membership: [`SiloHealth`].
+//! What the runtime tells the host about its silo's membership: [`SiloHealth`], and [`Fence`],
+//! whether it may take work at the moment it asks.
+
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::table::Lease;
 
@@ -80,9 +84,14 @@ impl FailureCause {
 }
 
 impl SiloHealth {
-    /// True while the host may serve as a member: `Starting`, `Healthy` and `Failing` (the fence
-    /// horizon is still ahead). False once it must fence (`LeaseAtRisk`) and in the final states.
-    /// This is the host's readiness; `!is_final()` is its liveness.
+    /// True for the states in which the host may serve as a member: `Starting`, `Healthy` and
+    /// `Failing` (the fence horizon was still ahead). False once it must fence (`LeaseAtRisk`) and
+    /// in the final states.
+    ///
+    /// This is the value as the heartbeat task last wrote it: a process paused past its fence
+    /// horizon (a GC pause, SIGSTOP, a VM freeze) can read a stale `true` on resume, before that
+    /// task has run. Before taking work ask [`Silo::should_serve`](crate::Silo::should_serve) or
+    /// [`Fence::should_serve`], which compare the fence's deadline with the clock when asked.
     ///
     /// ```
     /// use cassandra_membership::SiloHealth;
@@ -104,5 +113,42 @@ impl SiloHealth {
             self,
             SiloHealth::EntryMissing | SiloHealth::DeclaredDead | SiloHealth::Stopped
         )
+    }
+}
+
+/// Whether the host may take work, decided when it asks: the silo's last health, and the fence
+/// horizon's deadline on tokio's monotonic clock compared with the time of the question — not a
+/// value a timer last wrote, so a process resumed after a pause past its fence refuses work
+/// before any of its tasks has run ([`docs::fencing`](crate::docs::fencing)). Cheap to clone
+/// and to ask; from [`Silo::fence`](crate::Silo::fence).
+#[derive(Clone, Debug)]
+pub struct Fence {
+    pub(crate) health: watch::Receiver<SiloHealth>,
+    /// The fence horizon while the heartbeat may serve; `None` while fenced or stopped.
+    pub(crate) serve_until: watch::Receiver<Option<Instant>>,
+    /// The failure detector could not read the own row for too long.
+    pub(crate) unknown: watch::Receiver<Option<FailureCause>>,
+}
+
+impl Fence {
+    /// True while the host may take work now: the health says so
+    /// ([`SiloHealth::should_serve`]), the own row was read recently enough, and the fence
+    /// horizon is still ahead of the clock *now*. Readiness probes and work admission ask this.
+    pub fn should_serve(&self) -> bool {
+        self.serve_until().is_some()
+    }
+
+    /// The instant until which the host may serve, when it may serve now (`None` otherwise): a
+    /// host can bound the work it accepts by it. A later heartbeat may move it on.
+    pub fn serve_until(&self) -> Option<Instant> {
+        let until = (*self.serve_until.borrow())?;
+        let may = self.health.borrow().should_serve() && self.unknown.borrow().is_none();
+        (may && Instant::now() < until).then_some(until)
+    }
+
+    /// The last health the heartbeat task published (see [`SiloHealth::should_serve`] on why it
+    /// may be stale after a pause).
+    pub fn health(&self) -> SiloHealth {
+        self.health.borrow().clone()
     }
 }

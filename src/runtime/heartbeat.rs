@@ -16,7 +16,7 @@ use crate::clock::Clock;
 use crate::error::MembershipError;
 use crate::model::{SiloAddress, SiloStatus, Timestamp};
 use crate::options::MembershipOptions;
-use crate::runtime::health::{FailureCause, SiloHealth};
+use crate::runtime::health::{FailureCause, Fence, SiloHealth};
 use crate::runtime::observe::{HealthChange, SiloMetrics};
 use crate::runtime::planner::HeartbeatPlanner;
 use crate::runtime::protocol::{bounded, deadline_after, instant_after};
@@ -36,6 +36,8 @@ pub(crate) struct Joined {
 #[derive(Debug)]
 struct HealthSender {
     tx: watch::Sender<SiloHealth>,
+    /// Until when the host may serve ([`Fence`]); `None` while fenced or stopped.
+    serve_until: watch::Sender<Option<Instant>>,
     metrics: SiloMetrics,
 }
 
@@ -109,8 +111,14 @@ impl Heartbeat {
     ) -> Heartbeat {
         let (tx, health) = watch::channel(SiloHealth::Starting);
         let metrics = SiloMetrics::new(table.as_ref(), &joined.address);
+        let planner = HeartbeatPlanner::new(options, Duration::ZERO)
+            .with_published_wall(joined.published_wall);
+        let serve_until = planner
+            .serve_until()
+            .map(|at| instant_after(joined.published_at, at));
         let health_tx = Arc::new(HealthSender {
             tx,
+            serve_until: watch::channel(serve_until).0,
             metrics: metrics.clone(),
         });
         let (unknown_tx, unknown) = watch::channel(None);
@@ -124,8 +132,7 @@ impl Heartbeat {
             clock,
             call_timeout: options.effective_table_operation_timeout(),
             origin: joined.published_at,
-            planner: HeartbeatPlanner::new(options, Duration::ZERO)
-                .with_published_wall(joined.published_wall),
+            planner,
             announced: None,
             health: Arc::clone(&health_tx),
             final_rx: health_tx.tx.subscribe(),
@@ -156,6 +163,15 @@ impl Heartbeat {
         self.health.clone()
     }
 
+    /// Whether the host may serve, asked when it is about to.
+    pub(crate) fn fence(&self) -> Fence {
+        Fence {
+            health: self.health.clone(),
+            serve_until: self.health_tx.serve_until.subscribe(),
+            unknown: self.unknown_tx.subscribe(),
+        }
+    }
+
     /// Stops the heartbeat and waits for it to finish.
     pub(crate) async fn stop(self) {
         let _ = self.stop.send(true);
@@ -167,6 +183,8 @@ impl Heartbeat {
     /// is; the silo's gauges go to 0).
     pub(crate) fn abort(self) {
         self.task.abort();
+        // A crashed silo serves no more, whatever its last health said.
+        self.health_tx.serve_until.send_replace(None);
         self.health_tx.metrics.stopped();
     }
 }
@@ -231,6 +249,17 @@ impl HeartbeatTask {
         self.origin.elapsed()
     }
 
+    /// Hands the planner's serving deadline to the host's [`Fence`] at once, after every change
+    /// of the planner's state — before the health is published, and before any further await
+    /// (an own-row read): a fence is never lifted ahead of the health saying so, and a final
+    /// `health` (the outcome just seen) ends serving before it is published.
+    fn deadline_moved(&self, health: &SiloHealth) {
+        let until = (self.planner.serve_until())
+            .filter(|_| health.should_serve())
+            .map(|at| instant_after(self.origin, at));
+        self.health.serve_until.send_replace(until);
+    }
+
     /// One heartbeat: publishes, reads the own row when the planner asks, records and logs the
     /// outcome; returns the health to show (`None`: stopped or final meanwhile).
     async fn beat(&mut self) -> Option<SiloHealth> {
@@ -247,9 +276,11 @@ impl HeartbeatTask {
         let mut health = self
             .planner
             .on_outcome(started, wall_started, self.mono(), &outcome);
+        self.deadline_moved(&health);
         if self.planner.awaiting_own_row() {
             let read = self.read_own_row().await?;
             health = self.planner.on_own_row(self.mono(), &read);
+            self.deadline_moved(&health);
         }
         if !health.is_final() {
             health = self
@@ -385,6 +416,7 @@ mod tests {
         let report = OwnEntryReport {
             health: Arc::new(HealthSender {
                 tx,
+                serve_until: watch::channel(None).0,
                 metrics: SiloMetrics::new(&table, &silo),
             }),
             unknown: Arc::new(watch::channel(None).0),

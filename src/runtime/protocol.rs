@@ -324,7 +324,9 @@ pub struct DetectionRound {
 /// One round of failure detection from `me`'s point of view, in the style of Orleans' table-based
 /// detector: every other Active silo whose I-am-alive time is older than
 /// `publish period × missed limit` gets `me`'s suspicion; once it has
-/// `num_votes_for_death_declaration` fresh votes it is declared Dead. Returns the silos this
+/// `num_votes_for_death_declaration` votes that count it is declared Dead. A vote counts while
+/// it is fresh (younger than `death_vote_expiration_timeout`, by default the detection horizon)
+/// and its voter has a row that is not Dead; the others are dropped from the row. Returns the silos this
 /// round declared dead, and `me`'s own row from the same read — no extra round trip. Every
 /// table call is bounded by `table_operation_timeout`.
 ///
@@ -351,9 +353,7 @@ pub(crate) async fn detection_round_reporting(
     own: impl FnOnce(Option<SiloStatus>),
 ) -> Result<DetectionRound> {
     let t = options.effective_table_operation_timeout();
-    let silence = options
-        .i_am_alive_table_publish_timeout
-        .saturating_mul(options.num_missed_table_i_am_alive_limit);
+    let silence = options.detection_horizon();
     let mut declared = Vec::new();
     let snapshot = bounded("read_all", false, t, table.read_all()).await?;
     let own_row = match snapshot.get(me) {
@@ -384,11 +384,17 @@ pub(crate) async fn detection_round_reporting(
             continue;
         }
         let mut entry = e.clone();
-        // Keep only fresh votes, one per voter, and add ours.
-        let fresh = now.saturating_sub(options.death_vote_expiration_timeout);
-        entry
-            .suspect_times
-            .retain(|s| s.time >= fresh && &s.suspecting_silo != me);
+        // Keep only the votes that count, one per voter, and add ours: fresh ones (an older vote
+        // was cast on an earlier silence), by voters still members (a Dead or removed voter
+        // vouches for nothing: its view may be what got it declared dead).
+        let fresh = now.saturating_sub(options.effective_death_vote_expiration_timeout());
+        entry.suspect_times.retain(|s| {
+            s.time >= fresh
+                && &s.suspecting_silo != me
+                && snapshot
+                    .get(&s.suspecting_silo)
+                    .is_some_and(|voter| voter.entry.status != SiloStatus::Dead)
+        });
         entry.suspect_times.push(SuspectTime {
             suspecting_silo: *me,
             time: now,

@@ -13,7 +13,7 @@ use crate::error::{MembershipError, Result};
 use crate::model::{MembershipEntry, SiloAddress, SiloStatus};
 use crate::options::MembershipOptions;
 use crate::runtime::cleanup::DefunctCleanup;
-use crate::runtime::health::SiloHealth;
+use crate::runtime::health::{Fence, SiloHealth};
 use crate::runtime::heartbeat::{Heartbeat, Joined};
 use crate::runtime::protocol::{self, ProtocolLimits, bounded};
 use crate::table::MembershipTable;
@@ -352,9 +352,25 @@ impl Silo {
     }
 
     /// Health changes of this silo's registration: fence the host when it becomes
-    /// [`SiloHealth::LeaseAtRisk`] or final.
+    /// [`SiloHealth::LeaseAtRisk`] or final. To decide whether to take a piece of work, ask
+    /// [`Silo::should_serve`] (or a [`Fence`]) instead: a value on this watch can be stale after
+    /// the process was paused.
     pub fn health(&self) -> watch::Receiver<SiloHealth> {
         self.heartbeat.health()
+    }
+
+    /// True while the host may take work now: decided against the clock when asked, so it is
+    /// false once the fence horizon has passed even if no task has run since (a process resumed
+    /// after a pause). See [`Fence::should_serve`].
+    pub fn should_serve(&self) -> bool {
+        self.heartbeat.fence().should_serve()
+    }
+
+    /// A clonable handle that answers [`Silo::should_serve`] where the silo itself is not at hand
+    /// (request handlers, a readiness probe); after [`Silo::leave`] or [`Silo::crash`] it answers
+    /// false.
+    pub fn fence(&self) -> Fence {
+        self.heartbeat.fence()
     }
 
     /// True when this silo takes part in the periodic defunct cleanup this process's silos on

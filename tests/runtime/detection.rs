@@ -5,11 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use cassandra_membership::conformance::faults::FaultyTable;
 use cassandra_membership::conformance::faults::{Injection, Operation};
 use cassandra_membership::runtime::protocol;
-use cassandra_membership::{Clock, MembershipTable, SiloHealth, SiloStatus, TokioClock};
+use cassandra_membership::{
+    Clock, MembershipTable, SiloAddress, SiloHealth, SiloStatus, SuspectTime, TokioClock,
+};
 
-use crate::utils::{entry, entry_at, faulty_on_paused_clock, join, memory, options};
+use crate::utils::{address, entry, entry_at, faulty_on_paused_clock, join, memory, options};
 
 #[tokio::test(start_paused = true)]
 async fn a_crashed_silo_is_declared_dead_by_the_others_through_the_protocol() {
@@ -203,4 +206,121 @@ async fn a_damaged_own_row_is_not_taken_for_a_missing_one() {
     let health = silo.health().borrow().clone();
     assert!(!health.is_final(), "{health:?} for a damaged row");
     silo.crash();
+}
+
+/// Inserts silo `n` with `status`, its I-am-alive time `silent_for` before the clock's now, and
+/// a suspicion from each `(voter, age)` in `votes`.
+async fn insert(
+    table: &FaultyTable,
+    clock: &TokioClock,
+    n: u8,
+    status: SiloStatus,
+    silent_for: Duration,
+    votes: &[(u8, Duration)],
+) -> SiloAddress {
+    let now = clock.now();
+    let mut e = entry_at(n, clock);
+    e.status = status;
+    e.i_am_alive_time = now.saturating_sub(silent_for);
+    e.suspect_times = votes
+        .iter()
+        .map(|&(voter, age)| SuspectTime {
+            suspecting_silo: address(voter),
+            time: now.saturating_sub(age),
+        })
+        .collect();
+    protocol::join(table, &e).await.unwrap();
+    e.address
+}
+
+fn voters(table_row: &cassandra_membership::MembershipRow) -> Vec<SiloAddress> {
+    table_row
+        .entry
+        .suspect_times
+        .iter()
+        .map(|s| s.suspecting_silo)
+        .collect()
+}
+
+/// A suspicion lasts no longer than the detection horizon (10 s × 3 here): a vote cast before
+/// the suspect published again is about an earlier silence and is not counted with one about
+/// the current silence.
+#[tokio::test(start_paused = true)]
+async fn a_vote_from_an_earlier_silence_does_not_count_towards_a_death() {
+    let (clock, table) = faulty_on_paused_clock();
+    table.initialize(true).await.unwrap();
+    let zero = Duration::ZERO;
+    let me = insert(&table, &clock, 1, SiloStatus::Active, zero, &[]).await;
+    insert(&table, &clock, 3, SiloStatus::Active, zero, &[]).await;
+    // Suspected by 3 60 s ago, published since, silent again for 40 s.
+    let suspect = insert(
+        &table,
+        &clock,
+        2,
+        SiloStatus::Active,
+        Duration::from_secs(40),
+        &[(3, Duration::from_secs(60))],
+    )
+    .await;
+    let round = protocol::detection_round(table.as_ref(), &me, &options(), clock.now())
+        .await
+        .unwrap();
+    assert!(
+        round.declared.is_empty(),
+        "declared {:?} dead counting a 60 s old vote from an earlier silence",
+        round.declared
+    );
+    let row = table.read_row(&suspect).await.unwrap().rows[0].clone();
+    assert_eq!(row.entry.status, SiloStatus::Active);
+    assert_eq!(
+        voters(&row),
+        vec![me],
+        "the expired vote is dropped, ours added"
+    );
+}
+
+/// A vote by a silo that is itself Dead, or has no entry any more, does not count; a fresh one
+/// by a live silo does.
+#[tokio::test(start_paused = true)]
+async fn a_vote_by_a_silo_that_is_dead_or_gone_does_not_count() {
+    let (clock, table) = faulty_on_paused_clock();
+    table.initialize(true).await.unwrap();
+    let (zero, silent, recent) = (
+        Duration::ZERO,
+        Duration::from_secs(40),
+        Duration::from_secs(5),
+    );
+    let me = insert(&table, &clock, 1, SiloStatus::Active, zero, &[]).await;
+    insert(&table, &clock, 3, SiloStatus::Dead, zero, &[]).await;
+    insert(&table, &clock, 5, SiloStatus::Active, zero, &[]).await;
+    // Voted by 3 (Dead) and 4 (no entry).
+    let by_the_dead = insert(
+        &table,
+        &clock,
+        2,
+        SiloStatus::Active,
+        silent,
+        &[(3, recent), (4, recent)],
+    )
+    .await;
+    // Voted by 5 (Active).
+    let by_the_living = insert(
+        &table,
+        &clock,
+        6,
+        SiloStatus::Active,
+        silent,
+        &[(5, recent)],
+    )
+    .await;
+    let round = protocol::detection_round(table.as_ref(), &me, &options(), clock.now())
+        .await
+        .unwrap();
+    assert_eq!(
+        round.declared,
+        vec![by_the_living],
+        "only the silo a live voter suspected is declared dead"
+    );
+    let row = table.read_row(&by_the_dead).await.unwrap().rows[0].clone();
+    assert_eq!(row.entry.status, SiloStatus::Active);
 }

@@ -306,3 +306,89 @@ fn settings_that_leave_no_fencing_margin_are_refused_naming_the_options() {
     o.validate().unwrap();
     assert!(MembershipOptions::default().validate().is_ok());
 }
+
+/// Moves tokio's paused clock on by `by` without letting any other task run — what a process
+/// frozen that long (SIGSTOP, a GC pause, a VM freeze) finds on resume. `advance` moves the clock
+/// on its first poll and then yields; dropping it there runs no task.
+fn freeze(by: Duration) {
+    use futures::FutureExt;
+    assert!(tokio::time::advance(by).now_or_never().is_none());
+}
+
+/// A silo frozen past its fence horizon refuses work first thing on resume, before any of its
+/// tasks (the heartbeat's timer among them) has run; one frozen for less keeps serving. It
+/// serves again once a heartbeat got through and its own row was read live.
+#[tokio::test(start_paused = true)]
+async fn a_silo_frozen_past_its_fence_refuses_work_first_thing_on_resume() {
+    let (clock, table) = faulty_on_paused_clock();
+    let silo = join(table.clone(), 1, &clock).await;
+    let fence = silo.fence();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(matches!(
+        *silo.health().borrow(),
+        SiloHealth::Healthy { .. }
+    ));
+    // Fence 21 s after the last publish (10 s period × 3, less a 9 s margin): 5 s is within it.
+    freeze(Duration::from_secs(5));
+    assert!(silo.should_serve(), "frozen 5 s");
+    let until = fence.serve_until().expect("serving");
+    freeze(Duration::from_secs(60));
+    assert!(
+        !silo.should_serve(),
+        "served first thing after a 65 s freeze: {:?}",
+        *silo.health().borrow()
+    );
+    assert!(!fence.should_serve() && fence.serve_until().is_none());
+    assert!(tokio::time::Instant::now() >= until);
+    // Resumed: the heartbeat task publishes again and reads its row (nobody declared it dead).
+    assert!(
+        poll_until(Duration::from_secs(30), || silo.should_serve()).await,
+        "not serving again: {:?}",
+        fence.health()
+    );
+    assert!(matches!(fence.health(), SiloHealth::Healthy { .. }));
+    silo.leave().await.unwrap();
+    assert!(!fence.should_serve(), "a silo that left serves no more");
+}
+
+/// A freeze during which the others declared the silo dead: on resume it refuses work at once,
+/// and never serves again.
+#[tokio::test(start_paused = true)]
+async fn a_silo_declared_dead_while_frozen_never_serves_after_resuming() {
+    let (clock, table) = faulty_on_paused_clock();
+    table.set_blind_heartbeats(true);
+    let silo = join(table.clone(), 1, &clock).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    freeze(Duration::from_secs(60));
+    seen.lock().unwrap().push(silo.should_serve());
+    // The others' verdict, written while it was frozen (no await ran this silo's tasks before
+    // the first question above).
+    assert!(
+        protocol::set_status(
+            table.inner().as_ref(),
+            &silo.address(),
+            SiloStatus::Dead,
+            clock.now()
+        )
+        .await
+        .unwrap()
+    );
+    let fence = silo.fence();
+    let watcher = {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                seen.lock().unwrap().push(fence.should_serve());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    assert_eq!(
+        silo.wait_final(Duration::from_secs(30)).await,
+        SiloHealth::DeclaredDead
+    );
+    watcher.abort();
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen.len() > 1 && !seen.contains(&true), "served: {seen:?}");
+}

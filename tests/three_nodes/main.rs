@@ -162,7 +162,6 @@ async fn clients(cluster: &str, clients: usize) -> Vec<Arc<dyn MembershipTable>>
 fn fast_membership() -> MembershipOptions {
     let mut m = MembershipOptions::default();
     m.i_am_alive_table_publish_timeout = Duration::from_secs(1);
-    m.death_vote_expiration_timeout = Duration::from_secs(10);
     m.defunct_silo_cleanup_period = None;
     m
 }
