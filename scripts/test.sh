@@ -95,10 +95,15 @@ lane_exit() {
 older_node=8 dcs_first=11 tls_node=9
 ring_first=${CASSANDRA_RING_FIRST_NODE:-13}
 ring_version=${CASSANDRA_RING_VERSION:-5.0.9}
-# The examples, built once with the test binaries (the fault suite's silo hosts among them).
-target_dir=${CARGO_TARGET_DIR:-target}
-[[ "$target_dir" == /* ]] || target_dir=$PWD/$target_dir
-examples=$target_dir/debug/examples
+# The examples, built once with the test binaries (the fault suite's silo hosts among them), in
+# the target directory cargo itself reports (CARGO_TARGET_DIR, a config's build.target-dir).
+if [ -z "${CM_TEST_TARGET_DIR:-}" ]; then
+  CM_TEST_TARGET_DIR=$(cargo metadata --format-version 1 --no-deps |
+    sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+  [ -n "$CM_TEST_TARGET_DIR" ] || die "cargo metadata names no target directory"
+  export CM_TEST_TARGET_DIR
+fi
+examples=$CM_TEST_TARGET_DIR/debug/examples
 export SILO_HOST_BIN=$examples/silo_host
 
 skip_args() { # the tests the one-node run leaves out on this backend
@@ -208,6 +213,8 @@ lane_nemesis() {
 
 if [ "$lane" != main ]; then
   trap lane_exit EXIT
+  # A lane stopped by the main run (or CI) exits non-zero, so its unfinished stage reads FAILED.
+  trap 'exit 143' TERM INT
   case "$lane" in
     one-node) lane_one_node; lane_tls ;;
     older) lane_older; lane_dcs ;;
@@ -250,6 +257,11 @@ for variant in $ring_variants; do
     *) die "CASSANDRA_RING_PAXOS_VARIANTS lists Paxos variants, v1 and/or v2 (it has '$variant')" ;;
   esac
 done
+ring_last=$((ring_first + 5))
+if [ "$ring_first" -le 12 ] && [ "$ring_last" -ge 1 ]; then
+  die "CASSANDRA_RING_FIRST_NODE=$ring_first: the rings need 127.0.0.13 or above (1 is the main node, 4-6 the nemesis ring's directories, 8, 9 and 11-12 other lanes')"
+fi
+[ "$ring_last" -le 254 ] || die "CASSANDRA_RING_FIRST_NODE=$ring_first: the rings need six addresses up to 127.0.0.254"
 lanes_at_once=${CM_TEST_LANES:-3}
 [[ "$lanes_at_once" =~ ^[1-9]$ ]] || die "CM_TEST_LANES must be 1 to 9 (it is '$lanes_at_once')"
 
@@ -387,7 +399,7 @@ if [ "$quick" = 0 ]; then
   # run, which builds the dependencies once more with each package's own features), where our
   # crates are forgotten before each run, and our crates' unpacked copies are removed (only
   # local-registry sources: crates.io's are under index.crates.io-*).
-  package_target=$target_dir/package-check
+  package_target=$CM_TEST_TARGET_DIR/package-check
   rm -rf "$package_target"/debug/.fingerprint/cassandra-membership-* \
     "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/cassandra-membership-*[0-9]
   CARGO_TARGET_DIR=$package_target cargo publish --workspace --dry-run --allow-dirty --quiet

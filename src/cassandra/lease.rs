@@ -255,7 +255,7 @@ impl CassandraMembershipTable {
     ///
     /// A known entry's heartbeat is written first and its renewal, when due, runs in what is
     /// left of the call (`table_operation_timeout`, which bounds the whole heartbeat in the
-    /// runtime). Issue 41: the renewal ran first — a read, a TTL read and a Paxos round, each
+    /// runtime). The renewal used to run first — a read, a TTL read and a Paxos round, each
     /// allowed a whole request timeout —, and while one node of three was dead but not yet
     /// convicted by gossip it outlasted the call: the runtime cut the call, the heartbeat write
     /// behind it never ran, the lease stayed due so the next heartbeat renewed first again, and
@@ -290,7 +290,20 @@ impl CassandraMembershipTable {
                         self.remember_lease(*address, renewed);
                         renewed
                     }
-                    Ok(Ok(None)) => return Ok(self.not_found(address)),
+                    Ok(Ok(None)) => {
+                        // The entry is gone: the cell written above is taken back (a delete at
+                        // its own write time wins the tie), so that a heartbeat answering
+                        // `NotFound` leaves nothing behind (docs::expiry, "never partial").
+                        let written = time.as_millis().saturating_mul(1000);
+                        let key = address.to_string();
+                        if let Err(e) = self
+                            .delete_heartbeat_cell(self.pk(), &key, written, OPERATION)
+                            .await
+                        {
+                            warn!(silo = %address, error = %e, "the heartbeat cell of a missing entry was not removed; it expires with its TTL, or the cleanup removes it");
+                        }
+                        return Ok(self.not_found(address));
+                    }
                     // The I-am-alive time is published all the same: the others must not
                     // declare this silo dead while its lease still runs. The lease is not
                     // extended, so the next heartbeat retries the renewal, and the host is told

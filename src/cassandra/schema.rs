@@ -53,9 +53,7 @@ impl CassandraMembershipTable {
                 || (unapplied.is_some() && now < lagging);
             if !retry {
                 return Err(match unapplied {
-                    Some(Unapplied::Keyspace) => MembershipError::KeyspaceMissing {
-                        keyspace: o.keyspace.clone(),
-                    },
+                    Some(Unapplied::Keyspace) => self.keyspace_still_unapplied(e).await,
                     _ => e,
                 });
             }
@@ -66,20 +64,41 @@ impl CassandraMembershipTable {
         }
     }
 
+    /// A coordinator still said it does not know the keyspace when `schema_timeout` ran out:
+    /// `KeyspaceMissing` if the schema tables say so too; if they list it, some node has not
+    /// applied it for all that time — a schema disagreement, reported as a `Timeout` (a silo's
+    /// join tries again), never as the operator's missing keyspace.
+    async fn keyspace_still_unapplied(&self, e: MembershipError) -> MembershipError {
+        let o = self.options();
+        match self.keyspace_exists().await {
+            Ok(false) => MembershipError::KeyspaceMissing {
+                keyspace: o.keyspace.clone(),
+            },
+            Ok(true) | Err(_) => MembershipError::Timeout {
+                operation: "initialize",
+                source: format!(
+                    "keyspace {:?} exists, but a coordinator had not applied it within \
+                     schema_timeout ({:?}): {e}",
+                    o.keyspace, o.schema_timeout
+                )
+                .into(),
+            },
+        }
+    }
+
     async fn initialize_once(&self, try_init_version: bool) -> Result<()> {
         self.ensure_schema().await?;
         // Another silo may have just created the table: its schema can be listed a moment before
         // the node serves it, so preparing is retried for a short while. (The keyspace was
         // there a moment ago: a node that says it is missing has not applied it yet.)
-        let mut attempt = 0;
+        let settle = tokio::time::Instant::now() + self.options().schema_timeout;
         let st = loop {
             match self.statements().await {
                 Ok(st) => break st,
                 Err(
                     MembershipError::SchemaMismatch { .. }
                     | MembershipError::KeyspaceMissing { .. },
-                ) if attempt < 40 => {
-                    attempt += 1;
+                ) if tokio::time::Instant::now() < settle => {
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }
                 Err(e) => return Err(e),

@@ -49,11 +49,15 @@ pub(crate) struct SchemaNames<'a> {
 }
 
 /// Words a node uses to say an object is missing, across releases (lower case).
-const MISSING: [&str; 9] = [
+/// "Unknown" only before the kind of object: "Unknown field 'x' in value of user defined type
+/// t_entry" is a type of another shape, not one missing.
+const MISSING: [&str; 11] = [
     "does not exist",
     "doesn't exist",
     "unconfigured",
-    "unknown",
+    "unknown type",
+    "unknown keyspace",
+    "unknown table",
     "non-existent",
     "can't find",
     "cannot find",
@@ -277,6 +281,11 @@ mod tests {
                 &refused(DbError::Unauthorized, "keyspace cm_test does not exist"),
                 NAMES
             ),
+            None
+        );
+        // A type of another shape is the operator's (a schema mismatch), not a lag.
+        assert_eq!(
+            invalid("Unknown field 'etag' in value of user defined type members_entry"),
             None
         );
         // Whole names only: a longer type name is another type.

@@ -233,14 +233,19 @@ async fn the_password_appears_in_no_log_line_at_trace_level() {
             .map_or("", |(_, m)| m)
             .to_owned()
             + "::the_password_appears_in_no_log_line_at_trace_level";
-        let status = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
             .args(["--exact", &name, "--test-threads", "1", "--nocapture"])
             .env(LOG_CAPTURE_PROCESS, "1")
-            .status()
+            .output()
             .expect("run the test binary again");
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        eprintln!("{stderr}");
         assert!(
-            status.success(),
-            "the log capture failed in its own process (its output is above)"
+            out.status.success() && stdout.contains("test result: ok. 1 passed"),
+            "the log capture in its own process ran and passed ({name}):\n{stdout}"
         );
         return;
     }

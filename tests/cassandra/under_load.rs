@@ -55,9 +55,8 @@ fn joining(address: &str) -> MembershipEntry {
 /// any more (deleted, or closed by `delete_cluster`: its rows stay without a version a moment).
 ///
 /// Under the storm a Paxos round may time out: an honest `OutcomeUnknown`, which the contract
-/// allows (seen on a loaded 4.0 node). The next serial `read_row` settles it — the round is
-/// completed or superseded by the read — and says whether the entry got in, at the one version
-/// it could have (its address is new, so a row there is this insert's).
+/// allows (seen on a loaded 4.0 node). A row at the entry's (new) address is this insert's, at
+/// the one version it could have applied at: the one after the version it expected.
 async fn insert_racing(t: &dyn MembershipTable, e: &MembershipEntry) -> Option<u64> {
     let mut attempted: Option<u64> = None;
     loop {
@@ -73,8 +72,14 @@ async fn insert_racing(t: &dyn MembershipTable, e: &MembershipEntry) -> Option<u
         if snapshot.get(&e.address).is_some() {
             return Some(attempted.expect("a row at a new address is this insert's"));
         }
-        attempted = None;
         let version = snapshot.version;
+        // An unknown insert expected the version before `attempted`: while the table is still
+        // there it may yet apply (a request still queued at its coordinator), and the next insert
+        // expects the same version, so exactly one of the two can. Once the version moved on
+        // without the row, it never will.
+        if attempted != Some(version.version + 1) {
+            attempted = None;
+        }
         if version == TableVersion::absent() {
             return None;
         }

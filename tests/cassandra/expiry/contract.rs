@@ -486,3 +486,37 @@ async fn whole_entry_conditions_keep_the_lease_the_fence_and_the_cleanup() {
     tokio::time::sleep(TTL + SLACK + Duration::from_secs(1)).await;
     assert!(t.read_row(&stopped.address).await.unwrap().rows.is_empty());
 }
+
+/// A heartbeat on an expired entry answers `NotFound` and leaves nothing behind (docs::expiry,
+/// "never partial"), also when its table value knew the entry and its renewal is due — the
+/// heartbeat's cell is written before the renewal finds the entry gone, and taken back then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_on_an_expired_entry_answers_not_found_and_leaves_no_cell() {
+    let cluster = unique("expired-heartbeat");
+    let (s, t) = ttl_table(&cluster).await;
+    let e = new_entry(Timestamp::now());
+    insert(&t, &e).await;
+    t.update_i_am_alive(&e.address, Timestamp::now())
+        .await
+        .unwrap();
+    let key = e.address.to_string();
+    let q = format!(
+        "SELECT silo FROM {KEYSPACE}.{TABLE} WHERE service_id = 'test-service' AND cluster_id = ? AND silo = ?"
+    );
+    let deadline = Instant::now() + TTL + SLACK + Duration::from_secs(5);
+    while count_rows(&s, q.clone(), (&cluster, &key)).await > 0 {
+        assert!(Instant::now() < deadline, "the entry never expired");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        t.update_i_am_alive(&e.address, Timestamp::now())
+            .await
+            .unwrap(),
+        HeartbeatOutcome::NotFound
+    );
+    assert_eq!(
+        count_rows(&s, q, (&cluster, &key)).await,
+        0,
+        "a heartbeat answering NotFound wrote a heartbeat-only row"
+    );
+}
