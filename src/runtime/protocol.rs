@@ -386,11 +386,13 @@ pub(crate) async fn detection_round_reporting(
         let mut entry = e.clone();
         // Keep only the votes that count, one per voter, and add ours: fresh ones (an older vote
         // was cast on an earlier silence), by voters still members (a Dead or removed voter
-        // vouches for nothing: its view may be what got it declared dead).
+        // vouches for nothing: its view may be what got it declared dead) — this round's own
+        // declarations included, which the snapshot read before them does not show.
         let fresh = now.saturating_sub(options.effective_death_vote_expiration_timeout());
         entry.suspect_times.retain(|s| {
             s.time >= fresh
                 && &s.suspecting_silo != me
+                && !declared.contains(&s.suspecting_silo)
                 && snapshot
                     .get(&s.suspecting_silo)
                     .is_some_and(|voter| voter.entry.status != SiloStatus::Dead)

@@ -324,3 +324,47 @@ async fn a_vote_by_a_silo_that_is_dead_or_gone_does_not_count() {
     let row = table.read_row(&by_the_dead).await.unwrap().rows[0].clone();
     assert_eq!(row.entry.status, SiloStatus::Active);
 }
+
+/// Two silent silos that voted each other dead: the round declares the first with the second's
+/// vote and its own, and then does not count the first's vote against the second — a voter this
+/// same round declared Dead vouches for nothing, although the round's snapshot still shows it
+/// Active.
+#[tokio::test(start_paused = true)]
+async fn a_voter_declared_dead_earlier_in_the_same_round_does_not_count() {
+    let (clock, table) = faulty_on_paused_clock();
+    table.initialize(true).await.unwrap();
+    let (zero, silent, recent) = (
+        Duration::ZERO,
+        Duration::from_secs(40),
+        Duration::from_secs(5),
+    );
+    let me = insert(&table, &clock, 1, SiloStatus::Active, zero, &[]).await;
+    let first = insert(
+        &table,
+        &clock,
+        2,
+        SiloStatus::Active,
+        silent,
+        &[(3, recent)],
+    )
+    .await;
+    let second = insert(
+        &table,
+        &clock,
+        3,
+        SiloStatus::Active,
+        silent,
+        &[(2, recent)],
+    )
+    .await;
+    let round = protocol::detection_round(table.as_ref(), &me, &options(), clock.now())
+        .await
+        .unwrap();
+    assert_eq!(
+        round.declared,
+        vec![first],
+        "one death per live pair of votes"
+    );
+    let row = table.read_row(&second).await.unwrap().rows[0].clone();
+    assert_eq!(row.entry.status, SiloStatus::Active);
+}
