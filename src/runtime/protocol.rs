@@ -355,6 +355,9 @@ pub(crate) async fn detection_round_reporting(
     let t = options.effective_table_operation_timeout();
     let silence = options.detection_horizon();
     let mut declared = Vec::new();
+    // Each vote is stamped when it is written, not when the round began: a round with several
+    // suspects and slow storage can outlast a short vote lifetime.
+    let round_started = tokio::time::Instant::now();
     let snapshot = bounded("read_all", false, t, table.read_all()).await?;
     let own_row = match snapshot.get(me) {
         Some(r) => Some((r.entry.status, r.entry.start_time)),
@@ -388,7 +391,8 @@ pub(crate) async fn detection_round_reporting(
         // was cast on an earlier silence), by voters still members (a Dead or removed voter
         // vouches for nothing: its view may be what got it declared dead) — this round's own
         // declarations included, which the snapshot read before them does not show.
-        let fresh = now.saturating_sub(options.effective_death_vote_expiration_timeout());
+        let vote_time = now.saturating_add(round_started.elapsed());
+        let fresh = vote_time.saturating_sub(options.effective_death_vote_expiration_timeout());
         entry.suspect_times.retain(|s| {
             s.time >= fresh
                 && &s.suspecting_silo != me
@@ -399,7 +403,7 @@ pub(crate) async fn detection_round_reporting(
         });
         entry.suspect_times.push(SuspectTime {
             suspecting_silo: *me,
-            time: now,
+            time: vote_time,
         });
         let mut voters: Vec<_> = entry
             .suspect_times

@@ -368,3 +368,35 @@ async fn a_voter_declared_dead_earlier_in_the_same_round_does_not_count() {
     let row = table.read_row(&second).await.unwrap().rows[0].clone();
     assert_eq!(row.entry.status, SiloStatus::Active);
 }
+
+/// A vote is stamped when it is written, not when its round began: with slow storage a round
+/// over several suspects outlasts a short vote lifetime (three periods at a 1 s period), and a
+/// vote stamped at the start would arrive already stale for every other voter.
+#[tokio::test(start_paused = true)]
+async fn a_vote_is_stamped_when_it_is_written() {
+    let (clock, table) = faulty_on_paused_clock();
+    table.initialize(true).await.unwrap();
+    let silent = Duration::from_secs(40);
+    let me = insert(&table, &clock, 1, SiloStatus::Active, Duration::ZERO, &[]).await;
+    insert(&table, &clock, 2, SiloStatus::Active, silent, &[]).await;
+    let last = insert(&table, &clock, 3, SiloStatus::Active, silent, &[]).await;
+    // A re-read before a suspicion takes 4 s (the round's first read does not).
+    let slow = Duration::from_secs(4);
+    table.inject(Injection::delay(Operation::ReadAll, slow).after(1));
+    let began = clock.now();
+    protocol::detection_round(table.as_ref(), &me, &options(), began)
+        .await
+        .unwrap();
+    let row = table.read_row(&last).await.unwrap().rows[0].clone();
+    let vote = row
+        .entry
+        .suspect_times
+        .iter()
+        .find(|s| s.suspecting_silo == me)
+        .expect("the round suspected the last silent silo");
+    assert!(
+        vote.time >= began.saturating_add(slow),
+        "the vote on the second suspect is stamped {:?} after the round began",
+        vote.time.as_millis() - began.as_millis()
+    );
+}
