@@ -37,7 +37,6 @@ mod options;
 mod read;
 mod resolve;
 mod retry;
-mod routing;
 mod schema;
 mod schema_lag;
 mod statements;

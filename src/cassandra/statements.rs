@@ -11,7 +11,6 @@ use scylla::statement::{Consistency, SerialConsistency};
 
 use super::options::{ConsistencyProfile, EntryConditions};
 use super::retry::{ProviderRetryPolicy, StatementKind};
-use super::routing::ConnectedFirst;
 
 pub(crate) const CREATE_KEYSPACE: &str = include_str!("../../cql/create_keyspace.cql");
 pub(crate) const CREATE_ENTRY_TYPE: &str = include_str!("../../cql/create_entry_type.cql");
@@ -182,17 +181,6 @@ impl Statements {
         conditions: EntryConditions,
     ) -> Result<Statements, PrepareFailure> {
         let (commit, serial) = levels(profile);
-        // Every statement carries the provider's profile: the DC routing (datacenter.rs), or the
-        // session's default, with a plan that never ends on an unreachable node (routing.rs).
-        let routing =
-            &connected_first(routing.unwrap_or(session.get_default_execution_profile_handle()));
-        // Idempotent statements (reads, plain deletes) unanswered after a quarter of their
-        // request timeout are also sent to the next node: a paused coordinator keeps its
-        // connections open and never answers, and a read sent again only after a whole request
-        // timeout, to a node picked at random, may meet it again (one node of three
-        // SIGSTOPped, 3 of 19 `read_all` calls timed out twice). Whichever answer comes first
-        // counts; a healthy read answers long before and stays one statement.
-        let speculated = &speculative(routing, request_timeout, "reads");
         let prep = |cql: &'static str, read_level: Consistency| {
             let text = bind_table(cql, qualified_table);
             async move {
@@ -204,7 +192,7 @@ impl Statements {
                 p.set_serial_consistency(Some(serial));
                 p.set_request_timeout(Some(request_timeout));
                 // Routing is the statement's, not the session's: see datacenter.rs.
-                p.set_execution_profile_handle(Some(routing.clone()));
+                p.set_execution_profile_handle(routing.cloned());
                 // Conditional writes are never idempotent: a retry could apply twice.
                 p.set_is_idempotent(false);
                 p.set_retry_policy(Some(retry_policy(StatementKind::Conditional)));
@@ -245,49 +233,47 @@ impl Statements {
         };
         let write_version = prep(WRITE_VERSION, commit).await?;
         // A heartbeat is a plain write with an explicit timestamp: repeating it is harmless.
-        let mut heartbeat = idempotent(prep(HEARTBEAT, commit).await?, speculated);
+        let mut heartbeat = idempotent(prep(HEARTBEAT, commit).await?);
         heartbeat.set_execution_profile_handle(Some(speculative(
-            routing,
+            routing.unwrap_or(session.get_default_execution_profile_handle()),
             request_timeout.min(heartbeat_call),
-            "heartbeat",
         )));
-        let delete_heartbeat_before =
-            idempotent(prep(DELETE_HEARTBEAT_BEFORE, commit).await?, speculated);
+        let delete_heartbeat_before = idempotent(prep(DELETE_HEARTBEAT_BEFORE, commit).await?);
         Ok(Statements {
             init_version: prep(INIT_VERSION, commit).await?,
-            read_statics: idempotent(prep(READ_STATICS, serial_read).await?, speculated),
-            read_rows: idempotent(read_rows, speculated),
-            read_row: idempotent(prep(READ_ROW, serial_read).await?, speculated),
-            read_row_quorum: idempotent(prep(READ_ROW, commit).await?, speculated),
+            read_statics: idempotent(prep(READ_STATICS, serial_read).await?),
+            read_rows: idempotent(read_rows),
+            read_row: idempotent(prep(READ_ROW, serial_read).await?),
+            read_row_quorum: idempotent(prep(READ_ROW, commit).await?),
             heartbeat,
             delete_heartbeat_before,
             delete_entry,
             insert_batch: batch(
                 profile,
-                Some(routing),
+                routing,
                 request_timeout,
                 [&insert_entry, &write_version],
             ),
             update_batch: batch(
                 profile,
-                Some(routing),
+                routing,
                 request_timeout,
                 [&update_entry, &write_version],
             ),
             delete_row: prep(DELETE_ROW, commit).await?,
             delete_statics: prep(DELETE_STATICS, commit).await?,
             // Plain and stamped by the coordinator: repeating it is harmless.
-            delete_partition: idempotent(prep(DELETE_PARTITION, commit).await?, speculated),
+            delete_partition: idempotent(prep(DELETE_PARTITION, commit).await?),
             write_version: write_version.clone(),
-            audit_partition: idempotent(prep(AUDIT_PARTITION, commit).await?, speculated),
-            read_keys: idempotent(prep(READ_KEYS, serial_read).await?, speculated),
-            read_heartbeats: idempotent(prep(READ_HEARTBEATS, commit).await?, speculated),
-            read_ttls: idempotent(prep(READ_TTLS, commit).await?, speculated),
-            read_version_ttl: idempotent(prep(READ_VERSION_TTL, commit).await?, speculated),
-            list_clusters: idempotent(prep(LIST_CLUSTERS, commit).await?, speculated),
+            audit_partition: idempotent(prep(AUDIT_PARTITION, commit).await?),
+            read_keys: idempotent(prep(READ_KEYS, serial_read).await?),
+            read_heartbeats: idempotent(prep(READ_HEARTBEATS, commit).await?),
+            read_ttls: idempotent(prep(READ_TTLS, commit).await?),
+            read_version_ttl: idempotent(prep(READ_VERSION_TTL, commit).await?),
+            list_clusters: idempotent(prep(LIST_CLUSTERS, commit).await?),
             whole_entry_conditions,
             profile,
-            routing: Some(routing.clone()),
+            routing: routing.cloned(),
         })
     }
 
@@ -317,27 +303,21 @@ pub(crate) enum PrepareFailure {
     Timeout,
 }
 
-/// An idempotent statement (a read, a plain write with an explicit timestamp) with `profile`.
-fn idempotent(mut p: PreparedStatement, profile: &ExecutionProfileHandle) -> PreparedStatement {
-    p.set_execution_profile_handle(Some(profile.clone()));
+fn idempotent(mut p: PreparedStatement) -> PreparedStatement {
     p.set_is_idempotent(true);
     p.set_retry_policy(Some(retry_policy(StatementKind::Idempotent)));
     p
 }
 
-/// The heartbeat's profile (and, with the request timeout as `call`, the reads'): `base` (the
-/// statements' routing), plus speculative sends. A heartbeat is what keeps a silo alive: one whose coordinator is cut off
+/// The heartbeat's profile: `base` (the statements' routing, or the session's default), plus
+/// speculative sends. A heartbeat is what keeps a silo alive: one whose coordinator is cut off
 /// from the other replicas (it times out, and is not yet down for the driver) would spend its
 /// whole call there, and a few such heartbeats in a row get the silo declared dead. Unanswered
 /// after a quarter of its call (`call`), it is also sent to the next node of the plan, and to a
 /// third after another quarter; the plain write is idempotent (one cell, one timestamp), so
 /// whichever lands first counts and the others change nothing. A healthy heartbeat answers long
 /// before: it stays one write.
-fn speculative(
-    base: &ExecutionProfileHandle,
-    call: std::time::Duration,
-    what: &str,
-) -> ExecutionProfileHandle {
+fn speculative(base: &ExecutionProfileHandle, call: std::time::Duration) -> ExecutionProfileHandle {
     let policy = SimpleSpeculativeExecutionPolicy {
         max_retry_count: 2,
         retry_interval: (call / 4).max(std::time::Duration::from_millis(50)),
@@ -345,18 +325,7 @@ fn speculative(
     base.pointee_to_builder()
         .speculative_execution_policy(Some(std::sync::Arc::new(policy)))
         .build()
-        .into_handle_with_label(format!("cassandra-membership {what}"))
-}
-
-/// `base` with its load balancing wrapped in [`ConnectedFirst`]: the handle every statement
-/// carries. A copy of `base` as it is now (a host remapping its session's default profile later
-/// does not change the provider's statements).
-fn connected_first(base: &ExecutionProfileHandle) -> ExecutionProfileHandle {
-    let policy = base.to_profile().get_load_balancing_policy().clone();
-    base.pointee_to_builder()
-        .load_balancing_policy(std::sync::Arc::new(ConnectedFirst::new(policy)))
-        .build()
-        .into_handle_with_label("cassandra-membership statements".to_owned())
+        .into_handle_with_label("cassandra-membership heartbeat".to_owned())
 }
 
 /// Set on each statement, so it holds on a host's own session whatever its default policy.

@@ -7,7 +7,6 @@
 //! one-node run: `scripts/test.sh` runs it in its three-node stage (`cargo test --test three_nodes`).
 
 mod nemesis;
-mod one_node_down;
 mod outcomes;
 #[path = "../common/ring.rs"]
 mod ring;
