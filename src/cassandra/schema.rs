@@ -258,11 +258,13 @@ impl CassandraMembershipTable {
     /// has not applied a keyspace created just now answers "no such keyspace" (seen on a fresh
     /// ring, right after the driver reported schema agreement), which must not read as the
     /// operator's error. A keyspace that is really missing costs `initialize` these seconds.
+    /// A node that says no while another lists the keyspace has not applied it yet: the keyspace
+    /// exists, and the statements that meet that node are retried as a schema lag.
     async fn keyspace_exists_settled(&self) -> Result<bool> {
         let deadline =
             tokio::time::Instant::now() + self.options().schema_timeout.min(KEYSPACE_SETTLE);
         loop {
-            if self.keyspace_exists().await? {
+            if self.keyspace_exists().await? || self.keyspace_listed_by_any_node().await {
                 return Ok(true);
             }
             if tokio::time::Instant::now() >= deadline {
@@ -270,6 +272,36 @@ impl CassandraMembershipTable {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+
+    /// Whether any node the session knows lists the keyspace (each asked on its own; a node that
+    /// does not answer counts as not listing it).
+    async fn keyspace_listed_by_any_node(&self) -> bool {
+        use scylla::client::execution_profile::ExecutionProfile;
+        use scylla::policies::load_balancing::{NodeIdentifier, SingleTargetLoadBalancingPolicy};
+
+        let o = self.options();
+        let nodes = self.session().get_cluster_state().get_nodes_info().to_vec();
+        for node in nodes {
+            let mut statement = scylla::statement::unprepared::Statement::new(
+                "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",
+            );
+            statement.set_request_timeout(Some(o.request_timeout));
+            let only = ExecutionProfile::builder()
+                .load_balancing_policy(SingleTargetLoadBalancingPolicy::new(
+                    NodeIdentifier::Node(node),
+                    None,
+                ))
+                .build();
+            statement.set_execution_profile_handle(Some(only.into_handle()));
+            let asked = self.session().query_unpaged(statement, (&o.keyspace,));
+            if let Ok(Ok(answer)) = tokio::time::timeout(o.request_timeout, asked).await
+                && answer.into_rows_result().is_ok_and(|rows| rows.rows_num() > 0)
+            {
+                return true;
+            }
+        }
+        false
     }
 
     pub(super) async fn keyspace_exists(&self) -> Result<bool> {
