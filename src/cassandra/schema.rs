@@ -296,7 +296,9 @@ impl CassandraMembershipTable {
             statement.set_execution_profile_handle(Some(only.into_handle()));
             let asked = self.session().query_unpaged(statement, (&o.keyspace,));
             if let Ok(Ok(answer)) = tokio::time::timeout(o.request_timeout, asked).await
-                && answer.into_rows_result().is_ok_and(|rows| rows.rows_num() > 0)
+                && answer
+                    .into_rows_result()
+                    .is_ok_and(|rows| rows.rows_num() > 0)
             {
                 return true;
             }
