@@ -437,16 +437,16 @@ if [ "$quick" = 1 ]; then
   exit 0
 fi
 
-# The lanes, at most $lanes_at_once at a time: the rings (the longest) first, then the one-node
-# and older-release lanes; the nemesis ring last, once the short lanes have freed the cores (its
-# clock-skew restarts under libfaketime are slow to start beside two other rings).
+# The lanes, at most $lanes_at_once at a time: the rings (the longest) and the one-node lane
+# first; the nemesis ring once the one-node lane has freed its slot (its clock-skew restarts
+# under libfaketime are slow to start beside two other busy rings), then the older releases.
 queue=()
 ring_no=0
 for variant in $ring_variants; do
   queue+=("ring-$variant:$((ring_first + 3 * ring_no))")
   ring_no=$((ring_no + 1))
 done
-queue+=("one-node:" "older:")
+queue+=("one-node:")
 if [ "${CASSANDRA_NEMESIS:-1}" = 0 ]; then
   printf '[test.sh] CASSANDRA_NEMESIS=0: the nemesis lane is not run\n'
 elif [ -z "$ring_variants" ]; then
@@ -454,6 +454,7 @@ elif [ -z "$ring_variants" ]; then
 else
   queue+=("nemesis:")
 fi
+queue+=("older:")
 export CM_TEST_NEMESIS_VARIANTS=$ring_variants
 
 failed=()
@@ -486,8 +487,6 @@ while [ "${#lane_pid[@]}" -gt 0 ]; do
     kill -0 "${lane_pid[$running]}" 2>/dev/null || finish_lane "$running"
   done
 done
-stage_done ok
-
 # Every test binary's closing line, in every lane, added up (the main run's own are in the lane
 # logs too: nothing is compiled or tested outside a lane but the --no-run builds).
 totals=$(cat "$logs"/*.log | sed -n 's/^test result: [A-Za-z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p' |
@@ -496,5 +495,6 @@ if [ "${#failed[@]}" -gt 0 ]; then
   printf 'lanes: %s\n' "$totals"
   die "failed lanes: ${failed[*]} (their logs are above, and in $logs/)"
 fi
+stage_done ok
 printf '[test.sh] every stage passed\n'
 printf 'tests: %s\n' "$totals"
