@@ -352,6 +352,8 @@ main_exit() {
       scripts/cassandra.sh stop 1
     fi
   fi
+  # The run's closing line: every lane's tests added up.
+  if [ -n "${totals:-}" ]; then printf 'tests: %s\n' "$totals"; fi
   exit "$rc"
 }
 trap main_exit EXIT
@@ -492,9 +494,7 @@ done
 totals=$(cat "$logs"/*.log | sed -n 's/^test result: [A-Za-z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p' |
   awk '{p += $1; f += $2} END {printf "%d passed, %d failed", p, f}')
 if [ "${#failed[@]}" -gt 0 ]; then
-  printf 'lanes: %s\n' "$totals"
   die "failed lanes: ${failed[*]} (their logs are above, and in $logs/)"
 fi
 stage_done ok
 printf '[test.sh] every stage passed\n'
-printf 'tests: %s\n' "$totals"
