@@ -1,6 +1,6 @@
 //! A cluster's life in under a minute: silos join and heartbeat, one crashes and is declared dead
-//! by the others through the protocol, its entry expires, one leaves gracefully, then every silo
-//! stops and the whole cluster disappears from storage by itself.
+//! by the others through the protocol (a survivor's view shows it), its entry expires, one leaves
+//! gracefully, then every silo stops and the whole cluster disappears from storage by itself.
 //!
 //!     cargo run --example cluster                              # on the in-memory table
 //!     cargo run --example cluster -- --cassandra 127.0.0.1:9042   # on Cassandra, TTL on
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cassandra_membership::{
-    CassandraClusteringOptions, CassandraMembershipTable, InMemoryMembershipTable,
+    CassandraClusteringOptions, CassandraMembershipTable, ClusterView, InMemoryMembershipTable,
     MembershipOptions, MembershipTable, Silo, SiloAddress, SiloStatus, Timestamp,
     TtlMismatchPolicy,
 };
@@ -103,6 +103,24 @@ async fn show(
     Ok(())
 }
 
+/// What a silo's view holds: the members it would split work between, and the gateways.
+fn show_view(view: &ClusterView, started: Instant, title: &str) {
+    println!(
+        "\n[{:>5.1}s] {title} — its view: table version {}, read {:.1}s ago{}",
+        started.elapsed().as_secs_f64(),
+        view.version().version,
+        view.age(Timestamp::now()).as_secs_f64(),
+        if view.is_stale() { ", STALE" } else { "" }
+    );
+    for e in view.entries() {
+        println!("         {:<7} {:?}", name(&e.address), e.status);
+    }
+    let active: Vec<_> = view.active().map(|e| name(&e.address)).collect();
+    let gateways: Vec<_> = view.gateways().map(|g| g.to_string()).collect();
+    println!("         active: {}", active.join(", "));
+    println!("         gateways: {}", gateways.join(", "));
+}
+
 async fn status_of(table: &dyn MembershipTable, a: &SiloAddress) -> Option<SiloStatus> {
     table
         .read_row(a)
@@ -165,6 +183,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ),
     )
     .await?;
+
+    // A survivor learns it from its own view, at no statement of its own: within one period.
+    let mut view = silos[0].view();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        view.wait_for(|v| v.is_dead(&crashed_address)),
+    )
+    .await
+    .map_err(|_| "silo-1's view never showed silo-4 Dead")??;
+    show_view(
+        &view.borrow(),
+        started,
+        &format!(
+            "silo-1 sees silo-4 Dead {:.1}s after it crashed",
+            crashed_at.elapsed().as_secs_f64()
+        ),
+    );
 
     println!("\n== nobody writes silo-4's entry any more: storage expires it after the TTL");
     let dead_at = Instant::now();

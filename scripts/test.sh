@@ -115,7 +115,8 @@ lane_one_node() {
   skip_args
   stage "one-node suite: unit, in-memory, Cassandra, CLI, rio, metrics ($CASSANDRA_BACKEND at $CASSANDRA_CONTACT_POINTS)"
   # The Cassandra tests mostly wait (on Paxos rounds and on TTLs): more threads than cores.
-  RUST_TEST_THREADS=${RUST_TEST_THREADS:-8} "${cargo_test[@]}" --lib --bins --tests -- "${skip[@]}"
+  # --no-fail-fast: a failing binary must not hide the others' results (the lane still fails).
+  RUST_TEST_THREADS=${RUST_TEST_THREADS:-8} "${cargo_test[@]}" --no-fail-fast --lib --bins --tests -- "${skip[@]}"
   stage "doc tests"
   "${cargo_test[@]}" --doc
   stage "rio adapter: the three-server example"
@@ -134,7 +135,8 @@ lane_tls() {
     start_nodes "$tls_node" -- scripts/cassandra.sh start-secure
   fi
   "${cargo_test[@]}" --test cassandra secure::
-  # The CLI over TLS (--tls-ca, --tls-server-name, the [tls] section) and its exit codes there.
+  # The CLI over TLS (--tls-ca, --tls-server-name, the [tls] section) and its exit codes there; the
+  # printed grants (secure/grants.rs) against this node's CassandraAuthorizer.
   "${cargo_test[@]}" --test secure
 }
 
@@ -168,7 +170,7 @@ lane_dcs() {
   stage "two data centres ($version): dc1 on 127.0.0.$dcs_first, dc2 on 127.0.0.$dc2"
   start_nodes "$dcs_first" "$dc2" -- CASSANDRA_VERSION="$version" CASSANDRA_PAXOS_VARIANT=v1 \
     CASSANDRA_FIRST_NODE="$dcs_first" CASSANDRA_HEAP=768M scripts/cassandra.sh start-dcs dc1 dc2
-  # local_datacenter honoured by every statement (server-side tracing), the race of one DC's
+  # serial_datacenter honoured by every statement (server-side tracing), the race of one DC's
   # silos, initialize's checks, and dc2 down (local_quorum keeps working, quorum answers typed
   # errors). The release and heap also for the node the outage test restarts.
   CASSANDRA_VERSION=$version CASSANDRA_FIRST_NODE=$dcs_first CASSANDRA_HEAP=768M \

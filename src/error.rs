@@ -14,7 +14,47 @@ fn access_subject(user: Option<&str>, host_session: bool) -> String {
 /// A boxed underlying error (driver or I/O), kept as the error's `source()`.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
+/// An underlying error and its own causes, `: `-separated, each once: a cause whose text is
+/// already there is skipped (the driver's errors quote the error below them in their message).
+struct Causes<'a>(&'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Causes<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut text = self.0.to_string();
+        let mut next = self.0.source();
+        while let Some(cause) = next {
+            let message = cause.to_string();
+            if !message.is_empty() && !text.contains(&message) {
+                text.push_str(": ");
+                text.push_str(&message);
+            }
+            next = cause.source();
+        }
+        f.write_str(&text)
+    }
+}
+
 /// Everything that can go wrong, as variants a caller can act on.
+///
+/// # Printing
+///
+/// `Display` (`{}`, `%e` in a `tracing` field, `to_string()`) is the whole story on one line:
+/// what failed, then the causes the driver or the system gave (`connection refused`, a TLS
+/// certificate error), `: `-separated and each once. Print it as it is. [`source`] still returns
+/// the driver's error, for code that inspects it (downcast to
+/// `scylla::errors::ExecutionError`), not for printing: a reporter that walks `source()` and
+/// prints every level (anyhow's `{:#}`, eyre) shows those causes a second time.
+///
+/// ```
+/// use cassandra_membership::MembershipError;
+/// let e = MembershipError::Unavailable {
+///     operation: "connect",
+///     source: std::io::Error::other("connection refused").into(),
+/// };
+/// assert_eq!(e.to_string(), "storage unavailable during connect: connection refused");
+/// ```
+///
+/// [`source`]: std::error::Error::source
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum MembershipError {
@@ -40,7 +80,7 @@ pub enum MembershipError {
     /// Storage could not be reached or had too few replicas alive, or `connect` did not finish
     /// within `connect_timeout`. The operation did not apply. (A conditional write that may have
     /// reached a coordinator never reports this: it is resolved, or `OutcomeUnknown`.)
-    #[error("storage unavailable during {operation}")]
+    #[error("storage unavailable during {operation}: {}", Causes(&**source))]
     Unavailable {
         /// The table operation.
         operation: &'static str,
@@ -51,7 +91,7 @@ pub enum MembershipError {
 
     /// A read or a plain write timed out. A read changed nothing; a plain write (heartbeat) may
     /// or may not have been stored and is safe to repeat.
-    #[error("{operation} timed out")]
+    #[error("{operation} timed out: {}", Causes(&**source))]
     Timeout {
         /// The table operation.
         operation: &'static str,
@@ -62,7 +102,7 @@ pub enum MembershipError {
 
     /// A conditional write's result is not known: it may have applied, or may still apply later.
     /// Re-read the table before deciding anything; never assume it failed.
-    #[error("outcome of {operation} is unknown: {detail}")]
+    #[error("outcome of {operation} is unknown: {detail}: {}", Causes(&**source))]
     OutcomeUnknown {
         /// The table operation.
         operation: &'static str,
@@ -141,7 +181,7 @@ pub enum MembershipError {
     /// Storage refused the credentials (authentication) or the role lacks a permission
     /// (authorization). Nothing was written. Never transient: retrying with the same
     /// configuration fails the same way; fix the credentials or grants.
-    #[error("access denied{} during {operation}: the credentials were refused or the role lacks a permission", access_subject(user.as_deref(), *host_session))]
+    #[error("access denied{} during {operation}: the credentials were refused or the role lacks a permission: {}", access_subject(user.as_deref(), *host_session), Causes(&**source))]
     AccessDenied {
         /// The table operation (`connect` for a refused login).
         operation: &'static str,
@@ -157,7 +197,7 @@ pub enum MembershipError {
 
     /// Storage refused the request for another reason (permissions, invalid request, server
     /// error). A conditional write that failed this way did not apply.
-    #[error("storage error during {operation}")]
+    #[error("storage error during {operation}: {}", Causes(&**source))]
     Storage {
         /// The table operation.
         operation: &'static str,
@@ -173,8 +213,9 @@ pub enum MembershipError {
     /// compaction — or the partition is deleted. Other clusters of the table are not affected.
     /// See the guide's tombstones page (`docs::tombstones`) for the budget and what to do.
     #[error(
-        "{operation} of cluster {cluster_id:?} (service {service_id:?}) was aborted by Cassandra: the partition holds more tombstones than one read may scan (tombstone_failure_threshold){}. Expired and removed entries stay tombstones until the table's gc_grace_seconds has passed and compaction has run: lower gc_grace_seconds (ALTER TABLE … WITH gc_grace_seconds = …), compact once it has passed (nodetool compact <keyspace> <table>), or, for a cluster that is gone, remove it with `cassandra-membership delete-cluster`",
-        last_scanned.map(|n| format!("; the last read of it that answered scanned {n}")).unwrap_or_default()
+        "{operation} of cluster {cluster_id:?} (service {service_id:?}) was aborted by Cassandra: the partition holds more tombstones than one read may scan (tombstone_failure_threshold){}. Expired and removed entries stay tombstones until the table's gc_grace_seconds has passed and compaction has run: lower gc_grace_seconds (ALTER TABLE … WITH gc_grace_seconds = …), compact once it has passed (nodetool compact <keyspace> <table>), or, for a cluster that is gone, remove it with `cassandra-membership delete-cluster`. The node's answer: {}",
+        last_scanned.map(|n| format!("; the last read of it that answered scanned {n}")).unwrap_or_default(),
+        Causes(&**source)
     )]
     TooManyTombstones {
         /// The table operation.
@@ -191,6 +232,36 @@ pub enum MembershipError {
         source: BoxError,
     },
 
+    /// The TLS handshake with the nodes failed: the configured CA does not trust the server's
+    /// certificate (`UnknownIssuer`), the certificate is not valid for the name connected to or
+    /// has expired, the node does not speak TLS on that port, or the two sides share no
+    /// protocol version. Nothing was sent. Never transient: the same `tls` options fail the same
+    /// way on every retry; fix the CA, the server name or the node's certificate. Other TLS
+    /// failures (an `InternalError` alert from a proxy whose backend is down) stay
+    /// `Unavailable`. A session is classified by the driver's last connection attempt: with
+    /// one misconfigured node among refusing ones, a connect may answer either.
+    #[error("TLS handshake failed during {operation} (check the tls options — ca_file, server_name — against the nodes' certificates): {}", Causes(&**source))]
+    TlsHandshake {
+        /// The table operation (`connect` for a session being built).
+        operation: &'static str,
+        /// The driver's error, holding the `rustls::Error`.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The silo's address already has an entry of another incarnation (another start time, or
+    /// a status that moved on since its join): a silo incarnation joins once. Nothing was
+    /// written. Not transient: join as a new incarnation (a new generation in the address).
+    #[error(
+        "{silo} already has an entry of another incarnation (status {status}): a silo incarnation joins once; join with a new generation"
+    )]
+    EntryExists {
+        /// The silo's address.
+        silo: String,
+        /// The status of the entry found.
+        status: String,
+    },
+
     /// This silo's entry turned Dead or disappeared while the silo was joining (the others
     /// declared it dead, an operator removed it). What was written stays written; join again
     /// as a new incarnation (a new generation).
@@ -200,6 +271,19 @@ pub enum MembershipError {
         silo: String,
         /// What was found (e.g. `"dead or missing"`).
         state: &'static str,
+    },
+
+    /// A read found the table version lower than one read before: the cluster's data was
+    /// deleted (or expired) and created again since. Nothing was written; a
+    /// [`ClusterView`](crate::ClusterView) keeps its last view and is marked stale with this.
+    #[error(
+        "the table version went back from {from} to {to}: the cluster's data was deleted (or expired) and created again"
+    )]
+    TableVersionWentBack {
+        /// The version read before.
+        from: u64,
+        /// The version read now.
+        to: u64,
     },
 
     /// A retry budget ran out while the table kept changing (e.g. a paged read saw the version
@@ -238,6 +322,10 @@ impl MembershipError {
     /// True for failures that may go away by themselves and after which the same call may be
     /// sent again as it is: [`Unavailable`](MembershipError::Unavailable),
     /// [`Timeout`](MembershipError::Timeout) and [`Contention`](MembershipError::Contention).
+    /// Configuration errors never are, whatever layer reported them: a refused login
+    /// ([`AccessDenied`](MembershipError::AccessDenied)), a certificate the configured CA does not
+    /// trust ([`TlsHandshake`](MembershipError::TlsHandshake)), a taken address
+    /// ([`EntryExists`](MembershipError::EntryExists)) fail the same way on every retry.
     ///
     /// Never true for [`OutcomeUnknown`](MembershipError::OutcomeUnknown): that write may have
     /// applied (or still apply), so a blind retry is wrong — re-read the table and decide from
@@ -256,3 +344,63 @@ impl MembershipError {
 
 /// This crate's `Result`.
 pub type Result<T, E = MembershipError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    use scylla::errors::{ConnectionError, ConnectionPoolError, MetadataError, NewSessionError};
+
+    /// What the driver answers when no contact point accepts a connection: each level quotes the
+    /// one below in its own message, and the pool's last connection error is not a `source()`.
+    fn refused_session() -> NewSessionError {
+        NewSessionError::MetadataError(MetadataError::ConnectionPoolError(
+            ConnectionPoolError::Broken {
+                last_connection_error: ConnectionError::IoError(Arc::new(
+                    std::io::Error::from_raw_os_error(111),
+                )),
+            },
+        ))
+    }
+
+    #[test]
+    fn display_carries_the_cause_and_each_cause_once() {
+        let refused = std::io::Error::from_raw_os_error(111).to_string();
+        let e = MembershipError::Unavailable {
+            operation: "connect",
+            source: Box::new(refused_session()),
+        };
+        let text = e.to_string();
+        assert!(
+            text.starts_with("storage unavailable during connect: "),
+            "{text}"
+        );
+        assert_eq!(text.matches(&refused).count(), 1, "{text}");
+        // A cause that does not quote its own source gets it appended.
+        let e = MembershipError::Storage {
+            operation: "read",
+            source: Box::new(std::io::Error::other(Wrapped(std::io::Error::other(
+                "the root cause",
+            )))),
+        };
+        let text = e.to_string();
+        assert!(text.ends_with(": wrapped: the root cause"), "{text}");
+    }
+
+    /// An error that does not quote its source in its message.
+    #[derive(Debug)]
+    struct Wrapped(std::io::Error);
+
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("wrapped")
+        }
+    }
+
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+}

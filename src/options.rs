@@ -44,7 +44,10 @@ pub struct MembershipOptions {
     /// The largest random fraction of the publish period added to or taken from each heartbeat
     /// interval, in percent. Default 10.
     pub i_am_alive_jitter_percent: u8,
-    /// How many silos must suspect a silent silo before it is declared dead. Default 2.
+    /// How many silos must suspect a silent silo before it is declared dead. Default 2 — so a
+    /// crashed member of a two-silo cluster is never declared dead by the survivor alone (it
+    /// stays Active until storage-side expiry removes it); set 1 for a cluster of two
+    /// (`docs::fencing`, "Which votes count").
     pub num_votes_for_death_declaration: u32,
     /// How long a suspicion counts as a vote. `None` (the default) means the detection horizon,
     /// `num_missed_table_i_am_alive_limit` × `i_am_alive_table_publish_timeout` (90 s with the
@@ -69,6 +72,15 @@ pub struct MembershipOptions {
     /// give up) before it returns an error. Default 5 min (Orleans' `MaxJoinAttemptTime`).
     #[serde(with = "humantime_serde")]
     pub max_join_attempt_time: Duration,
+    /// The one bound on [`Silo::leave`](crate::Silo::leave) as a whole: stopping the silo's
+    /// tasks, then its two status changes (ShuttingDown, Dead) with their retries; a leave that
+    /// has not finished by then returns its last error (the entry then stays as far as it got,
+    /// and the others declare it dead like a crashed silo's; a later `leave` tries again, with
+    /// a bound of its own). Each call is cut at it, whatever `table_operation_timeout`. Default 60 s: two table calls at
+    /// the default `table_operation_timeout`. A host's shutdown grace (Kubernetes'
+    /// `terminationGracePeriodSeconds`) must exceed it.
+    #[serde(with = "humantime_serde")]
+    pub leave_timeout: Duration,
     /// How many Dead entries the table keeps (Orleans' `MaxDefunctSiloEntries`): in each cleanup
     /// round, the first Active silo by address order removes the oldest Dead entries beyond
     /// this many, ranked by [`MembershipEntry::last_activity`](crate::MembershipEntry::last_activity)
@@ -95,6 +107,7 @@ impl Default for MembershipOptions {
             force_defunct_cleanup: false,
             table_operation_timeout: None,
             max_join_attempt_time: Duration::from_secs(300),
+            leave_timeout: Duration::from_secs(60),
             max_defunct_silo_entries: Some(25),
         }
     }
@@ -226,6 +239,8 @@ impl MembershipOptions {
         table_operation_timeout: Option<Duration>,
         /// Sets `max_join_attempt_time`.
         max_join_attempt_time: Duration,
+        /// Sets `leave_timeout`.
+        leave_timeout: Duration,
         /// Sets `max_defunct_silo_entries` (`None` keeps every Dead entry).
         max_defunct_silo_entries: Option<i64>,
     }
@@ -366,6 +381,12 @@ impl MembershipOptions {
                 "must be at least one table operation timeout",
             ));
         }
+        if self.leave_timeout < Duration::from_millis(10) {
+            return Err(MembershipError::config(
+                "leave_timeout",
+                "must be at least 10ms",
+            ));
+        }
         Ok(())
     }
 }
@@ -467,8 +488,19 @@ mod tests {
             rejected(d().table_operation_timeout(Some(Duration::MAX))),
             "num_missed_table_i_am_alive_limit"
         );
+        assert_eq!(rejected(d().leave_timeout(Duration::ZERO)), "leave_timeout");
         let o = d().max_join_attempt_time(Duration::MAX);
         o.validate().unwrap();
+    }
+
+    #[test]
+    fn a_leave_is_bounded_by_one_minute_unless_a_config_file_says_otherwise() {
+        assert_eq!(
+            MembershipOptions::default().leave_timeout,
+            Duration::from_secs(60)
+        );
+        let o: MembershipOptions = toml::from_str("leave_timeout = \"20s\"").unwrap();
+        assert_eq!(o.leave_timeout, Duration::from_secs(20));
     }
 
     /// The soak's settings (1 s period, 3 missed, the rest default) kept votes for 120 s: a vote

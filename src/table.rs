@@ -124,8 +124,15 @@ pub trait MembershipTable: Send + Sync + Debug {
         StorageExpiry::OFF
     }
 
-    /// Creates whatever is missing (schema; with `try_init_version`, the table version 0).
-    /// Idempotent; many silos may call it at once.
+    /// Creates what the backend needs and is missing — the Cassandra table and its entry type;
+    /// never a keyspace unless the options ask for it (`create_keyspace_with_replication`,
+    /// development) — and, with `try_init_version`, the table version 0 when the cluster has
+    /// none. Idempotent; many silos may call it at once.
+    ///
+    /// A missing keyspace is [`KeyspaceMissing`](crate::MembershipError::KeyspaceMissing), a
+    /// table of another shape [`SchemaMismatch`](crate::MembershipError::SchemaMismatch) (of the
+    /// 0.2 shape: [`TableNeedsMigration`](crate::MembershipError::TableNeedsMigration)): nothing
+    /// is written then ([`docs::guarantees`](crate::docs::guarantees), [`docs::schema`](crate::docs::schema)).
     async fn initialize(&self, try_init_version: bool) -> Result<()>;
 
     /// Every entry of the cluster and the table version, as one consistent view.
@@ -136,15 +143,22 @@ pub trait MembershipTable: Send + Sync + Debug {
 
     /// Adds `entry` and moves the table to `new_version.version`, atomically.
     ///
-    /// Returns `false`, with no side effect, if a row for the address exists or
-    /// `new_version.etag` is not the table's current version tag.
+    /// Returns `false` if a row for the address exists or `new_version.etag` is not the table's
+    /// current version tag: the write did not apply and never will, and no entry or version
+    /// number changed (a backend that fenced off its own ambiguous attempt moved only the
+    /// version's tag). `Err(OutcomeUnknown)`: it may have applied, or may still — re-read
+    /// before deciding ([`docs::guarantees`](crate::docs::guarantees), "Honest outcomes").
     async fn insert_row(&self, entry: &MembershipEntry, new_version: &TableVersion)
     -> Result<bool>;
 
     /// Replaces the whole entry and moves the table to `new_version.version`, atomically.
     ///
-    /// Returns `false`, with no side effect, if the row is missing, `row_etag` is not its current
-    /// tag, or `new_version.etag` is not the table's current version tag.
+    /// Returns `false` if the row is missing, `row_etag` is not its current tag (the tag names
+    /// the row's last heartbeat too: one since the read makes it stale), or `new_version.etag` is
+    /// not the table's current version tag: the write did not apply and never will, and no entry
+    /// or version number changed (a backend that fenced off its own ambiguous attempt moved only
+    /// the version's tag). A missing row is never created. `Err(OutcomeUnknown)`: as for
+    /// [`insert_row`](MembershipTable::insert_row).
     async fn update_row(
         &self,
         entry: &MembershipEntry,
@@ -152,11 +166,43 @@ pub trait MembershipTable: Send + Sync + Debug {
         new_version: &TableVersion,
     ) -> Result<bool>;
 
-    /// Publishes the silo's I-am-alive time. Changes neither the table version nor the row tag,
-    /// and never re-creates a missing entry.
+    /// Publishes the silo's I-am-alive time. Never changes the table version, never alters an
+    /// entry's other fields and never re-creates a missing entry.
+    ///
+    /// A heartbeat that moves the stored time **changes the row etag** a read hands out: an
+    /// [`update_row`](MembershipTable::update_row) decided on a read from before it answers
+    /// `false`, so a death vote cast on an old I-am-alive time cannot land
+    /// ([`docs::guarantees`](crate::docs::guarantees), [`docs::fencing`](crate::docs::fencing)).
     ///
     /// The stored I-am-alive time only moves forward: a read returns the latest time written by
-    /// this call or by `insert_row`/`update_row` since the row was inserted.
+    /// this call or by `insert_row`/`update_row` since the row was inserted. A backend may check
+    /// the entry only now and then (the Cassandra table: on a table value's first heartbeat and
+    /// once per renewal interval): between checks a heartbeat of an entry that is gone or Dead
+    /// answers `Refreshed`, writing a heartbeat that belongs to no entry.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use cassandra_membership::{
+    ///     InMemoryMembershipTable, MembershipEntry, MembershipTable, SiloStatus, Timestamp,
+    /// };
+    /// let table = InMemoryMembershipTable::new("blue");
+    /// let entry = MembershipEntry::new(
+    ///     "10.0.0.1:11111@1".parse().unwrap(),
+    ///     SiloStatus::Active,
+    ///     Timestamp::from_millis(1_000),
+    /// );
+    /// let version = table.read_all().await.unwrap().version;
+    /// assert!(table.insert_row(&entry, &version.next()).await.unwrap());
+    /// let before = table.read_row(&entry.address).await.unwrap();
+    /// let vote_on = &before.rows[0];
+    /// // The silo heartbeats after the voter read its row …
+    /// table.update_i_am_alive(&entry.address, Timestamp::from_millis(5_000)).await.unwrap();
+    /// // … so the vote, decided on the old I-am-alive time, does not land.
+    /// let mut dead = vote_on.entry.clone();
+    /// dead.status = SiloStatus::Dead;
+    /// assert!(!table.update_row(&dead, &vote_on.etag, &before.version.next()).await.unwrap());
+    /// # });
+    /// ```
     async fn update_i_am_alive(
         &self,
         address: &SiloAddress,
@@ -164,7 +210,9 @@ pub trait MembershipTable: Send + Sync + Debug {
     ) -> Result<HeartbeatOutcome>;
 
     /// Deletes every entry that is not Active and whose [`MembershipEntry::last_activity`] is
-    /// older than `before`. Does not change the table version. Returns how many it removed.
+    /// older than `before`, each only if it did not change or heartbeat since it was read. Does
+    /// not change the table version. Returns how many it removed: possibly fewer than it did
+    /// (a delete another silo completed at the same time is not counted), never more.
     async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize>;
 
     /// Deletes every **Dead** entry whose [`MembershipEntry::last_activity`] is older than

@@ -53,15 +53,25 @@ fn the_readme_links_only_to_guide_pages_that_exist() {
 
 #[test]
 fn the_readme_names_the_paths_the_example_service_serves() {
-    let service = include_str!("../examples/service.rs");
-    for path in ["/readyz", "/livez", "/work"] {
+    let constants = include_str!("../examples/service/constants.rs");
+    let main = include_str!("../examples/service/main.rs");
+    for (name, path) in [
+        ("READYZ", "/readyz"),
+        ("LIVEZ", "/livez"),
+        ("WORK", "/work"),
+        ("MEMBERS", "/members"),
+    ] {
         assert!(
             README.contains(&format!("`GET {path}`")),
             "README names {path}"
         );
         assert!(
-            service.contains(&format!(".route(\"{path}\"")),
-            "examples/service.rs serves {path}"
+            constants.contains(&format!("const {name}: &str = \"{path}\";")),
+            "examples/service/constants.rs names {path} {name}"
+        );
+        assert!(
+            main.contains(&format!(".route({name}, ")),
+            "examples/service serves {name}"
         );
     }
 }

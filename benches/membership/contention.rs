@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cassandra_membership::cassandra::StatementCounts;
 use cassandra_membership::runtime::protocol::{self, ProtocolLimits};
 use cassandra_membership::{
-    CassandraMembershipTable, MembershipOptions, MembershipTable, Silo, SiloStatus, StatementCounts,
+    CassandraMembershipTable, MembershipOptions, MembershipTable, Silo, SiloStatus,
 };
 use scylla::client::session::Session;
 
@@ -247,7 +248,7 @@ async fn silo_storm(s: &Arc<Session>, label: &str, n: u32, sequential: bool) -> 
             // The heartbeat (every 30 s) and detector never run before this section ends.
             (
                 since.elapsed(),
-                r.map(Silo::crash).map_err(|e| e.to_string()),
+                r.map(|silo| silo.crash()).map_err(|e| e.to_string()),
             )
         }
     };

@@ -87,7 +87,7 @@ pub(crate) async fn run(r: &mut Report) -> Res<()> {
         "Two data centres: latency per consistency profile",
         &format!(
             "Median / p99 (ms) of each operation, {SAMPLES} samples after {WARM_UP} warm-up, cluster of 10 entries, \
-             on the two-DC ring (dc1 and dc2, one node each, keyspace {{dc1: 1, dc2: 1}}), `local_datacenter = {dc}`. \
+             on the two-DC ring (dc1 and dc2, one node each, keyspace {{dc1: 1, dc2: 1}}), `serial_datacenter = {dc}`. \
              Loopback: no WAN between the DCs, so a real deployment adds the inter-DC round trip to each phase \
              `quorum` makes. `quorum` needs dc2's replica for every read, commit and Paxos phase; `local_quorum` \
              only dc1's. \"from dc2\": a silo whose only contact point \
@@ -117,7 +117,7 @@ pub(crate) async fn run(r: &mut Report) -> Res<()> {
         let o: CassandraClusteringOptions = opts(&format!("dcs-{k}"), "membership_dcs", false)
             .contact_points(contact)
             .consistency(*profile)
-            .local_datacenter(dc.clone())
+            .serial_datacenter(dc.clone())
             .request_timeout(Duration::from_secs(10));
         let t = CassandraMembershipTable::connect(o).await?;
         columns.push((*label, operations(&t, 10_000 * k as u32).await?));

@@ -7,6 +7,7 @@
 //!     scripts/cassandra.sh start && cargo bench --bench membership            # everything (~6 min)
 //!     cargo bench --bench membership -- ops heartbeat                         # some sections
 //!     cargo bench --bench membership -- contention                            # joins at once
+//!     cargo bench --bench membership -- view                                  # the cluster view's cost
 //!
 //! The node is `CASSANDRA_CONTACT_POINTS` (default 127.0.0.1:9042); the keyspace `cm_bench` is
 //! dropped and re-created at the start.
@@ -23,6 +24,7 @@ mod plot;
 mod report;
 mod scale;
 mod trace;
+mod view;
 
 use cassandra_membership::Timestamp;
 
@@ -127,6 +129,9 @@ async fn main() -> Res<()> {
                 false,
             ),
         )?;
+    }
+    if want("view") {
+        view::run(&mut r).await?;
     }
     // Needs the two-DC ring (scripts/bench-dcs.sh): only when named.
     if args.iter().any(|a| a == "dcs") {

@@ -1,6 +1,11 @@
 //! Where the CLI's options come from, in increasing precedence: the library's defaults, the
 //! TOML file a silo host loads (`--config`), environment variables, then flags. The result is
 //! the library's own `CassandraClusteringOptions`, validated by the library.
+//!
+//! Not on `figment`: it would replace only the flag-over-file assignments (~65 lines; clap already
+//! reads each flag's variable), while its TOML provider reports a syntax error as toml's `Display`,
+//! which quotes the offending line — a password's — and the rest stays ours anyway: TLS paths
+//! relative to the file, `--config-key` errors, whether `ttl` was set, credentials in pairs.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -30,10 +35,17 @@ pub(crate) const AFTER_HELP: &str = concat!(
     "  1  the operation failed: no node answered, a timeout, no such cluster or silo, an outcome\n",
     "     that could not be resolved\n",
     "  2  usage or configuration error: a bad flag, config file or option value, a missing\n",
-    "     --service or --cluster\n",
+    "     --service or --cluster, a CA that does not trust the nodes' certificates\n",
     "  3  refused: a change that needs --yes was not confirmed; nothing was changed\n",
     "  4  access denied (credentials or grants), or the schema: the keyspace or table is\n",
     "     missing or has another shape"
+);
+
+/// `-h`'s epilogue: the exit codes in one line each, and where the rest is.
+pub(crate) const AFTER_SHORT_HELP: &str = concat!(
+    "Exit codes: 0 ok, 1 failed, 2 usage or configuration, 3 refused (no --yes), ",
+    "4 access denied or schema.\n",
+    "--help shows every detail, the credentials' variables and the exit codes in full."
 );
 
 /// Environment variables holding credentials: never flags, so they stay out of `ps` and shell history.
@@ -57,7 +69,9 @@ pub(crate) enum CliError {
 fn membership_exit_code(e: &MembershipError) -> u8 {
     match e {
         MembershipError::InvalidConfiguration { .. }
-        | MembershipError::InvalidSiloAddress { .. } => EXIT_USAGE,
+        | MembershipError::InvalidSiloAddress { .. }
+        // The tls options do not fit the nodes' certificates.
+        | MembershipError::TlsHandshake { .. } => EXIT_USAGE,
         // Wrong credentials or grants, a wrong keyspace or table: retrying it unchanged fails
         // the same way. (One line per variant: a missing keyspace gets its own.)
         MembershipError::AccessDenied { .. } => EXIT_DENIED,
@@ -84,16 +98,8 @@ impl std::fmt::Display for CliError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CliError::Usage(m) | CliError::Refused(m) | CliError::Failed(m) => f.write_str(m),
-            CliError::Membership(e) => {
-                // The library's typed message, then its causes (the driver's reason).
-                write!(f, "{e}")?;
-                let mut source = std::error::Error::source(e);
-                while let Some(s) = source {
-                    write!(f, ": {s}")?;
-                    source = s.source();
-                }
-                Ok(())
-            }
+            // The library's message already holds its causes, each once.
+            CliError::Membership(e) => write!(f, "{e}"),
         }
     }
 }
@@ -113,7 +119,7 @@ pub(crate) struct Overrides {
     pub(crate) service: Option<String>,
     pub(crate) cluster: Option<String>,
     pub(crate) consistency: Option<ConsistencyProfile>,
-    pub(crate) local_datacenter: Option<String>,
+    pub(crate) serial_datacenter: Option<String>,
     pub(crate) request_timeout: Option<Duration>,
     pub(crate) connect_timeout: Option<Duration>,
     pub(crate) ttl: Option<bool>,
@@ -194,7 +200,7 @@ pub(crate) fn resolve(
     };
     match (env(ENV_USERNAME), env(ENV_PASSWORD)) {
         (Some(username), Some(password)) => {
-            o.credentials = Some(Credentials { username, password })
+            o.credentials = Some(Credentials::new(username, password))
         }
         (None, None) => {}
         (Some(_), None) => {
@@ -215,7 +221,7 @@ pub(crate) fn resolve(
         service,
         cluster,
         consistency,
-        local_datacenter,
+        serial_datacenter,
         request_timeout,
         connect_timeout,
         ttl,
@@ -243,8 +249,8 @@ pub(crate) fn resolve(
     if let Some(c) = consistency {
         o.consistency = c;
     }
-    if let Some(dc) = local_datacenter {
-        o.local_datacenter = Some(dc);
+    if let Some(dc) = serial_datacenter {
+        o.serial_datacenter = Some(dc);
     }
     if let Some(t) = request_timeout {
         o.request_timeout = t;
@@ -364,14 +370,12 @@ fn beside(config: &Path, mut options: CassandraClusteringOptions) -> CassandraCl
 }
 
 /// A parse error as its message and position. toml's own `Display` quotes the offending source
-/// line, which may be the `[credentials]` password: no text of the file is ever printed, and a
-/// message that quotes a value (serde's "invalid type: integer `123`") has the password values
-/// of the file blanked out.
+/// line, which may hold the password: no text of the file is ever printed. The message itself
+/// never holds it: the library's `Credentials` refuses a password of another type without quoting
+/// it (serde's own message would: "invalid type: integer `123`"), in a `[credentials]` table and
+/// an inline one alike.
 fn describe(text: &str, e: &toml::de::Error) -> String {
-    let mut message = e.message().trim().to_owned();
-    for secret in secrets(text) {
-        message = message.replace(&secret, "<redacted>");
-    }
+    let message = e.message().trim();
     match e.span() {
         Some(span) => {
             let before = &text[..span.start.min(text.len())];
@@ -379,273 +383,9 @@ fn describe(text: &str, e: &toml::de::Error) -> String {
             let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
             format!("line {line}, column {column}: {message}")
         }
-        None => message,
+        None => message.to_owned(),
     }
-}
-
-/// The raw values of the file's `password` keys (quoted and unquoted forms), longest first.
-fn secrets(text: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for line in text.lines() {
-        let Some((key, value)) = line.split_once('=') else {
-            continue;
-        };
-        let key = key.trim().trim_matches(|c| c == '"' || c == '\'');
-        if !key.to_ascii_lowercase().ends_with("password") {
-            continue;
-        }
-        let value = value.trim();
-        let unquoted = value.trim_matches(|c| c == '"' || c == '\'');
-        for v in [value, unquoted] {
-            if !v.is_empty() {
-                found.push(v.to_owned());
-            }
-        }
-    }
-    found.sort_by_key(|s| std::cmp::Reverse(s.len()));
-    found
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// No variable at all: not even HOME, so no default config file is read.
-    fn no_env(_: &str) -> Option<String> {
-        None
-    }
-
-    /// Flags naming a service and a cluster, nothing else.
-    fn named() -> Overrides {
-        Overrides {
-            service: Some("svc".into()),
-            cluster: Some("blue".into()),
-            ..Overrides::default()
-        }
-    }
-
-    #[test]
-    fn the_ids_have_no_default_and_only_the_commands_on_a_cluster_need_them() {
-        let e = resolve(Source::default(), Overrides::default(), no_env).unwrap_err();
-        assert_eq!(e.exit_code(), EXIT_USAGE);
-        assert!(e.to_string().contains("service_id: not set"), "{e}");
-        let service_only = || Overrides {
-            service: Some("svc".into()),
-            ..Overrides::default()
-        };
-        let e = resolve(Source::default(), service_only(), no_env).unwrap_err();
-        assert!(e.to_string().contains("cluster_id: not set"), "{e}");
-        // delete-cluster names its cluster as its argument; the service it needs.
-        let service = Overrides {
-            scope: Scope::Service,
-            ..service_only()
-        };
-        let o = resolve(Source::default(), service, no_env).unwrap().options;
-        assert_eq!(o.service_id, "svc");
-        let e = resolve(
-            Source::default(),
-            Overrides {
-                scope: Scope::Service,
-                ..Overrides::default()
-            },
-            no_env,
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("service_id: not set"), "{e}");
-        // clusters, audit, patch: the whole table, neither.
-        let table_wide = Overrides {
-            scope: Scope::Table,
-            ..Overrides::default()
-        };
-        resolve(Source::default(), table_wide, no_env).unwrap();
-        // Named ids are never replaced.
-        let o = resolve(
-            Source::default(),
-            Overrides {
-                scope: Scope::Table,
-                ..named()
-            },
-            no_env,
-        )
-        .unwrap()
-        .options;
-        assert_eq!(
-            (o.service_id.as_str(), o.cluster_id.as_str()),
-            ("svc", "blue")
-        );
-    }
-
-    #[test]
-    fn flags_override_the_file_and_defaults_fill_the_rest() {
-        let dir = std::env::temp_dir().join(format!("cm-cli-unit-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("a.toml");
-        std::fs::write(
-            &path,
-            "keyspace = \"from_file\"\ntable = \"t1\"\nttl = true\nservice_id = \"shop\"\ncluster_id = \"green\"\n",
-        )
-        .unwrap();
-        let o = resolve(
-            Source {
-                file: Some(&path),
-                key: None,
-            },
-            Overrides {
-                table: Some("t2".into()),
-                cluster: Some("blue".into()),
-                ..Overrides::default()
-            },
-            no_env,
-        )
-        .unwrap();
-        assert!(o.ttl_explicit, "the file sets ttl");
-        let o = o.options;
-        assert_eq!(o.keyspace, "from_file");
-        assert_eq!(o.table, "t2");
-        assert!(o.ttl);
-        assert_eq!(o.service_id, "shop");
-        assert_eq!(o.cluster_id, "blue");
-    }
-
-    #[test]
-    fn local_datacenter_comes_from_the_flag_and_local_quorum_requires_it() {
-        let local = Overrides {
-            consistency: Some(ConsistencyProfile::LocalQuorum),
-            ..named()
-        };
-        let e = resolve(Source::default(), local, no_env).unwrap_err();
-        assert_eq!(e.exit_code(), EXIT_USAGE);
-        assert!(e.to_string().contains("local_datacenter"), "{e}");
-        let o = resolve(
-            Source::default(),
-            Overrides {
-                consistency: Some(ConsistencyProfile::LocalQuorum),
-                local_datacenter: Some("dc1".into()),
-                ..named()
-            },
-            no_env,
-        )
-        .unwrap()
-        .options;
-        assert_eq!(o.local_datacenter.as_deref(), Some("dc1"));
-    }
-
-    #[test]
-    fn an_unknown_option_in_the_file_is_a_usage_error_naming_it() {
-        let dir = std::env::temp_dir().join(format!("cm-cli-unit-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("b.toml");
-        std::fs::write(&path, "keyspaec = \"x\"\n").unwrap();
-        let e = resolve(
-            Source {
-                file: Some(&path),
-                key: None,
-            },
-            Overrides::default(),
-            no_env,
-        )
-        .unwrap_err();
-        assert_eq!(e.exit_code(), EXIT_USAGE);
-        assert!(e.to_string().contains("keyspaec"), "{e}");
-    }
-
-    #[test]
-    fn credentials_come_from_the_environment_in_pairs() {
-        let env = |k: &str| (k == ENV_USERNAME).then(|| "ops".to_owned());
-        let e = resolve(Source::default(), named(), env).unwrap_err();
-        assert_eq!(e.exit_code(), EXIT_USAGE);
-        assert!(e.to_string().contains(ENV_PASSWORD), "{e}");
-        let env = |k: &str| match k {
-            ENV_USERNAME => Some("ops".to_owned()),
-            ENV_PASSWORD => Some("s3cret".to_owned()),
-            _ => None,
-        };
-        let o = resolve(Source::default(), named(), env).unwrap();
-        assert!(!o.ttl_explicit);
-        let o = o.options;
-        assert_eq!(o.credentials.unwrap().username, "ops");
-    }
-
-    #[test]
-    fn an_invalid_value_is_the_library_s_configuration_error() {
-        let e = resolve(
-            Source::default(),
-            Overrides {
-                keyspace: Some("no-dashes".into()),
-                ..Overrides::default()
-            },
-            no_env,
-        )
-        .unwrap_err();
-        assert_eq!(e.exit_code(), EXIT_USAGE);
-        assert!(e.to_string().contains("keyspace"), "{e}");
-    }
-
-    #[test]
-    fn the_default_config_path_is_xdg_config_home_then_home_dot_config() {
-        let env = |k: &str| match k {
-            "XDG_CONFIG_HOME" => Some("/x".to_owned()),
-            "HOME" => Some("/h".to_owned()),
-            _ => None,
-        };
-        assert_eq!(
-            default_config_path(&env),
-            Some(PathBuf::from("/x/cassandra-membership/config.toml"))
-        );
-        let env = |k: &str| match k {
-            "XDG_CONFIG_HOME" => Some(String::new()),
-            "HOME" => Some("/h".to_owned()),
-            _ => None,
-        };
-        assert_eq!(
-            default_config_path(&env),
-            Some(PathBuf::from("/h/.config/cassandra-membership/config.toml"))
-        );
-        assert_eq!(default_config_path(&no_env), None);
-    }
-
-    #[test]
-    fn tls_flags_fill_the_file_s_tls_section() {
-        let dir = std::env::temp_dir().join(format!("cm-cli-unit-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("tls.toml");
-        std::fs::write(
-            &path,
-            "[app.db]\nttl = true\n[app.db.tls]\nca_file = \"/etc/ca.pem\"\n\
-             cert_file = \"c.pem\"\nkey_file = \"k.pem\"\n",
-        )
-        .unwrap();
-        let o = resolve(
-            Source {
-                file: Some(&path),
-                key: Some("app.db"),
-            },
-            Overrides {
-                tls_server_name: Some("db.internal".into()),
-                ..named()
-            },
-            no_env,
-        )
-        .unwrap();
-        assert!(o.ttl_explicit, "the nested table sets ttl");
-        let tls = o.options.tls.unwrap();
-        assert_eq!(tls.ca_file, Some(PathBuf::from("/etc/ca.pem")));
-        assert_eq!(tls.server_name.as_deref(), Some("db.internal"));
-        // Relative to the config file's directory.
-        assert_eq!(tls.cert_file, Some(dir.join("c.pem")));
-        assert_eq!(tls.key_file, Some(dir.join("k.pem")));
-        assert!(tls.verify);
-    }
-
-    #[test]
-    fn refusals_access_and_schema_have_their_own_exit_codes() {
-        assert_eq!(CliError::Refused("x".into()).exit_code(), EXIT_REFUSED);
-        assert_eq!(CliError::Usage("x".into()).exit_code(), EXIT_USAGE);
-        assert_eq!(CliError::Failed("x".into()).exit_code(), EXIT_FAILED);
-        let schema = MembershipError::SchemaMismatch {
-            table: "k.t".into(),
-            detail: "x".into(),
-        };
-        assert_eq!(CliError::from(schema).exit_code(), EXIT_DENIED);
-    }
-}
+mod tests;

@@ -4,266 +4,48 @@
 //!
 //! Exit codes: see `config::AFTER_HELP` (shown by `--help`).
 
+mod args;
 mod config;
+mod failure;
 mod logging;
 mod migrate;
 mod remove;
 mod report;
+mod schema;
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use cassandra_membership::cassandra::{MigrationPlan, PatchAction};
 use cassandra_membership::{
     CassandraClusteringOptions, CassandraMembershipTable, ConsistencyProfile, MembershipTable,
-    MigrationPlan, PatchAction, Timestamp, TtlMismatchPolicy,
+    Timestamp, TtlMismatchPolicy,
 };
-use clap::{ArgAction, CommandFactory, Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches};
 use serde::Serialize;
 
+use args::{Cli, Command, Consistency};
 use config::{CliError, Overrides, Scope, Source};
 use report::{AuditReport, ClusterReport, ClustersReport, Document, MembersReport};
 
-#[derive(Debug, Parser)]
-#[command(
-    name = "cassandra-membership",
-    version,
-    about = "See, audit, patch and clean Orleans-style membership tables in Cassandra",
-    after_help = config::AFTER_HELP
-)]
-struct Cli {
-    /// The provider's TOML options file (the same one a silo host loads); flags override it.
-    /// Default: $XDG_CONFIG_HOME/cassandra-membership/config.toml (or
-    /// ~/.config/cassandra-membership/config.toml) when that file exists.
-    #[arg(
-        long,
-        global = true,
-        env = "CASSANDRA_MEMBERSHIP_CONFIG",
-        value_name = "FILE"
-    )]
-    config: Option<PathBuf>,
-    /// Read the options from this table of the file, `a.b` for `[a.b]` (an application's own
-    /// config file, with the provider's options nested in it).
-    #[arg(
-        long,
-        global = true,
-        env = "CASSANDRA_MEMBERSHIP_CONFIG_KEY",
-        value_name = "A.B"
-    )]
-    config_key: Option<String>,
-    /// Nodes to contact, `host:port`, comma-separated.
-    #[arg(
-        long,
-        global = true,
-        env = "CASSANDRA_MEMBERSHIP_CONTACT_POINTS",
-        value_delimiter = ',',
-        value_name = "HOST:PORT"
-    )]
-    contact_points: Option<Vec<String>>,
-    /// The keyspace.
-    #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_KEYSPACE")]
-    keyspace: Option<String>,
-    /// The table.
-    #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_TABLE")]
-    table: Option<String>,
-    /// The Orleans ServiceId; no default (members, watch, cleanup, delete-cluster need it).
-    #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_SERVICE")]
-    service: Option<String>,
-    /// The Orleans ClusterId the command works on; no default (members, watch, cleanup,
-    /// declare-dead need it).
-    #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_CLUSTER")]
-    cluster: Option<String>,
-    /// Consistency levels: quorum (QUORUM + SERIAL) or local_quorum (LOCAL_QUORUM +
-    /// LOCAL_SERIAL), spelt as in the config file (`local-quorum` is accepted too).
-    #[arg(
-        long,
-        global = true,
-        env = "CASSANDRA_MEMBERSHIP_CONSISTENCY",
-        value_enum
-    )]
-    consistency: Option<Consistency>,
-    /// The data centre that coordinates every statement (required with local_quorum; with
-    /// quorum, tried first): the name `nodetool status` prints, e.g. dc1.
-    #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_LOCAL_DATACENTER")]
-    local_datacenter: Option<String>,
-    /// Per-statement timeout ("10s").
-    #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_REQUEST_TIMEOUT", value_parser = humantime::parse_duration)]
-    request_timeout: Option<Duration>,
-    /// How long connecting may take before the command fails with exit 1 ("5s").
-    #[arg(long, global = true, env = "CASSANDRA_MEMBERSHIP_CONNECT_TIMEOUT", value_parser = humantime::parse_duration)]
-    connect_timeout: Option<Duration>,
-    /// Storage-side expiry on or off (the options file's `ttl`). `patch` needs it set here or in
-    /// the file: it enforces it on the whole table. `declare-dead` adopts the table's expiry
-    /// when it is not set, and refuses (exit 2) a value that disagrees with the cluster.
-    #[arg(
-        long,
-        global = true,
-        env = "CASSANDRA_MEMBERSHIP_TTL",
-        value_name = "BOOL"
-    )]
-    ttl: Option<bool>,
-    /// TLS: PEM file of the CA (or the nodes' certificates) to trust; turns TLS on. The config
-    /// file's `[tls]` section (ca_file, cert_file, key_file, server_name, verify) does the same;
-    /// its relative paths are relative to the file's directory.
-    #[arg(
-        long,
-        global = true,
-        env = "CASSANDRA_MEMBERSHIP_TLS_CA",
-        value_name = "PEM"
-    )]
-    tls_ca: Option<PathBuf>,
-    /// TLS: PEM file of the client certificate, for clusters that require one (with --tls-key).
-    #[arg(
-        long,
-        global = true,
-        env = "CASSANDRA_MEMBERSHIP_TLS_CERT",
-        value_name = "PEM"
-    )]
-    tls_cert: Option<PathBuf>,
-    /// TLS: PEM file of the client certificate's private key (with --tls-cert).
-    #[arg(
-        long,
-        global = true,
-        env = "CASSANDRA_MEMBERSHIP_TLS_KEY",
-        value_name = "PEM"
-    )]
-    tls_key: Option<PathBuf>,
-    /// TLS: the name every node's certificate must carry (default: the contact points' host
-    /// when they all name one DNS host, else each node's IP address).
-    #[arg(
-        long,
-        global = true,
-        env = "CASSANDRA_MEMBERSHIP_TLS_SERVER_NAME",
-        value_name = "NAME"
-    )]
-    tls_server_name: Option<String>,
-    /// Print JSON (stable field names) instead of tables: one object per document, with a
-    /// "schema" version field.
-    #[arg(long, global = true)]
-    json: bool,
-    /// More log on stderr: -v info, -vv debug, -vvv trace (the driver's and the provider's).
-    /// RUST_LOG, when set, takes precedence (e.g. RUST_LOG=scylla=debug). Default: warnings.
-    #[arg(short, long, global = true, action = ArgAction::Count)]
-    verbose: u8,
-    /// Show progress on stderr once a scan has taken this long.
-    #[arg(long, global = true, default_value = "1s", value_parser = humantime::parse_duration, hide = true)]
-    progress_after: Duration,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Consistency {
-    Quorum,
-    /// LOCAL_QUORUM + LOCAL_SERIAL.
-    #[value(name = "local_quorum", alias = "local-quorum")]
-    LocalQuorum,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Every (service, cluster) in the table: entries by status, version, newest I-am-alive,
-    /// remaining TTL of the version.
-    Clusters,
-    /// One line per entry of the cluster: status, names, zones, last I-am-alive, suspicions, TTL.
-    /// A cluster with no version and no entries is "no such cluster" (exit 1).
-    Members,
-    /// The TTL audit: table default vs configuration, rows that disagree, what patch would do.
-    /// Writes nothing.
-    Audit,
-    /// Applies the `patch` TTL policy (as a silo's initialize would) and shows what it changed.
-    /// Needs `ttl` set explicitly (config file or --ttl): the table default it alters is shared
-    /// by every cluster of the table. Shows the audit and refuses without --yes (exit 3).
-    Patch {
-        /// Really patch.
-        #[arg(long)]
-        yes: bool,
-    },
-    /// Declares one silo of the cluster Dead, as the silos' own failure detector would: a
-    /// versioned write of its entry (status Dead) at the table version read, retried a few
-    /// times when a silo writes in between. Shows the entry and refuses without --yes (exit 3).
-    /// The silo itself stops when it reads its entry (it is fenced); the entry stays until
-    /// cleanup or expiry removes it. Without --ttl (or `ttl` in the config file) it writes with
-    /// the table's expiry (its default_time_to_live); a `ttl` that is set must agree with the
-    /// cluster as its silos' own check does, or the command is refused (exit 2).
-    DeclareDead {
-        /// The silo's address as `members` prints it, e.g. 10.0.0.7:11111@120000000.
-        #[arg(value_name = "SILO")]
-        silo: String,
-        /// Really declare it dead.
-        #[arg(long)]
-        yes: bool,
-    },
-    /// Removes entries that are not Active and show no activity for this long (the library's
-    /// cleanup_defunct rule: no I-am-alive, start or suspicion since the cutoff). Lists what it
-    /// would remove and refuses without --yes (exit 3); --dry-run only lists.
-    Cleanup {
-        /// e.g. "7d", "12h". At least 1h unless --force: a shorter cutoff would remove silos that
-        /// are starting (Joining) or shutting down right now.
-        #[arg(long, value_parser = humantime::parse_duration)]
-        older_than: Duration,
-        /// Allow --older-than below 1h.
-        #[arg(long)]
-        force: bool,
-        /// List what would be removed; remove nothing.
-        #[arg(long, conflicts_with = "yes")]
-        dry_run: bool,
-        /// Really remove.
-        #[arg(long)]
-        yes: bool,
-    },
-    /// Deletes a whole cluster (its entries and version). Shows what it deletes; refuses
-    /// without --yes (exit 3).
-    DeleteCluster {
-        /// The cluster id to delete.
-        #[arg(value_name = "CLUSTER")]
-        target: String,
-        /// Really delete.
-        #[arg(long)]
-        yes: bool,
-    },
-    /// Copies the configured table, of the cassandra-membership 0.2 shape, into a new table of
-    /// the current shape (created with the configured TTL and gc_grace), cluster by cluster, and
-    /// reads each copy back to verify it. Offline: stop the silos first; a cluster active
-    /// within --quiet-for is refused (exit 3, nothing written) unless --force. Every cell keeps
-    /// its write time and remaining TTL, so running it again (or after an interruption) is
-    /// safe. The old table is never changed. With --service / --cluster, only those clusters.
-    /// Needs `ttl` set explicitly (config file or --ttl), like patch.
-    Migrate {
-        /// The new table (same keyspace).
-        #[arg(long, value_name = "TABLE")]
-        to_table: String,
-        /// How long every entry of a cluster must have been silent (no heartbeat, no write).
-        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
-        quiet_for: Duration,
-        /// Copy clusters that were active within --quiet-for too.
-        #[arg(long)]
-        force: bool,
-        /// Read and check; write and create nothing.
-        #[arg(long)]
-        dry_run: bool,
-    },
-    /// Shows `members` again every few seconds until interrupted.
-    Watch {
-        /// Time between refreshes.
-        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
-        interval: Duration,
-        /// Stop after this many refreshes (default: until Ctrl-C).
-        #[arg(long)]
-        iterations: Option<u64>,
-    },
-    /// Prints the shell completion script, e.g. `cassandra-membership completions bash >
-    /// /etc/bash_completion.d/cassandra-membership`. Connects to nothing.
-    Completions {
-        /// The shell.
-        #[arg(value_enum)]
-        shell: clap_complete::Shell,
-    },
-}
-
 fn main() -> ExitCode {
-    let cli = Cli::parse(); // exits 2 on usage errors, 0 for --help / --version
+    let json = failure::json_requested(std::env::args_os());
+    let parsed = Cli::command().try_get_matches().and_then(|matches| {
+        let cluster_flag = on_command_line(&matches, "cluster");
+        Cli::from_arg_matches(&matches).map(|cli| (cli, cluster_flag))
+    });
+    let (cli, cluster_flag) = match parsed {
+        Ok(parsed) => parsed,
+        // --help, --version, and usage errors without --json: clap prints them (exit 0 / 2).
+        Err(e) if !json || !e.use_stderr() => e.exit(),
+        Err(e) => {
+            let rendered = e.render().to_string();
+            let message = rendered.trim().trim_start_matches("error: ");
+            failure::print_json(&failure::Failure::usage(message));
+            return ExitCode::from(config::EXIT_USAGE);
+        }
+    };
     if let Command::Completions { shell } = cli.command {
         clap_complete::generate(
             shell,
@@ -273,8 +55,9 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    if let Err(e) = logging::init(cli.verbose, std::env::var("RUST_LOG").ok()) {
-        eprintln!("error: {e}");
+    let json = cli.json;
+    if let Err(e) = logging::init(cli.verbose, std::env::var("RUST_LOG").ok(), json) {
+        failure::report(&e, json);
         return ExitCode::from(e.exit_code());
     }
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -283,20 +66,27 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(config::EXIT_FAILED);
+            let e = CliError::Failed(format!("cannot start the async runtime: {e}"));
+            failure::report(&e, json);
+            return ExitCode::from(e.exit_code());
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(run(cli, cluster_flag)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            failure::report(&e, json);
             ExitCode::from(e.exit_code())
         }
     }
 }
 
-async fn run(cli: Cli) -> Result<(), CliError> {
+/// `cluster_flag`: `--cluster` was given on the command line (not only its variable).
+async fn run(cli: Cli, cluster_flag: bool) -> Result<(), CliError> {
+    // `delete-cluster blue` and `delete-cluster --cluster blue` name the same cluster.
+    let delete_target = match &cli.command {
+        Command::DeleteCluster { target, .. } => delete_target(target, &cli.cluster, cluster_flag)?,
+        _ => String::new(),
+    };
     let config::Resolved {
         options,
         ttl_explicit,
@@ -310,7 +100,8 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 Command::Clusters
                 | Command::Audit
                 | Command::Patch { .. }
-                | Command::Migrate { .. } => Scope::Table,
+                | Command::Migrate { .. }
+                | Command::Schema { .. } => Scope::Table,
                 Command::DeleteCluster { .. } => Scope::Service,
                 Command::Members
                 | Command::DeclareDead { .. }
@@ -328,7 +119,9 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 Consistency::Quorum => ConsistencyProfile::Quorum,
                 Consistency::LocalQuorum => ConsistencyProfile::LocalQuorum,
             }),
-            local_datacenter: cli.local_datacenter,
+            serial_datacenter: cli
+                .serial_datacenter
+                .or_else(old_serial_datacenter_variable),
             request_timeout: cli.request_timeout,
             connect_timeout: cli.connect_timeout,
             ttl: cli.ttl,
@@ -370,10 +163,26 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             humantime::format_duration(remove::CLEANUP_FLOOR)
         )));
     }
+    if let Command::Schema { role } = &cli.command {
+        return schema::print(&options, role.as_deref(), cli.json);
+    }
+    if let Command::DeclareDead { silo, .. } = &cli.command {
+        // Before connecting: a malformed address is a usage error (exit 2) even when no node
+        // answers.
+        silo.parse::<cassandra_membership::SiloAddress>()?;
+    }
     let table = connect(options).await?;
     let json = cli.json;
     match cli.command {
-        Command::Clusters => clusters(&table, json, cli.progress_after).await,
+        // Under --json stderr is JSON Lines: no progress text.
+        Command::Clusters => {
+            let after = if json {
+                Duration::MAX
+            } else {
+                cli.progress_after
+            };
+            clusters(&table, json, after).await
+        }
         Command::Members => {
             let m = members(&table).await?;
             if m.version.is_none() && m.members.is_empty() && m.unreadable.is_empty() {
@@ -387,8 +196,6 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Patch { yes } => patch(&table, yes, json).await,
         Command::DeclareDead { silo, yes } => {
-            // Parsed before anything is read, so a malformed address is a usage error at once.
-            silo.parse::<cassandra_membership::SiloAddress>()?;
             let table = match remove::expiry_of_the_cluster(&table, ttl_explicit).await? {
                 Some(adopted) => connect(adopted).await?,
                 None => table,
@@ -401,8 +208,8 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             yes,
             ..
         } => remove::cleanup(&table, older_than, dry_run, yes, json).await,
-        Command::DeleteCluster { target, yes } => {
-            remove::delete_cluster(&table, &target, yes, json).await
+        Command::DeleteCluster { yes, .. } => {
+            remove::delete_cluster(&table, &delete_target, yes, json).await
         }
         Command::Migrate {
             to_table,
@@ -421,7 +228,8 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             interval,
             iterations,
         } => watch(&table, interval, iterations, json).await,
-        Command::Completions { .. } => Ok(()), // answered before connecting
+        // Answered before connecting.
+        Command::Completions { .. } | Command::Schema { .. } => Ok(()),
     }
 }
 
@@ -691,6 +499,7 @@ async fn watch(
                 }
             }
             // A watch outlives a node restart: show the error and keep going.
+            Err(e) if json => failure::report(&e, true),
             Err(e) => eprintln!("{}: error: {e}", Timestamp::now()),
         }
         done += 1;
@@ -701,5 +510,63 @@ async fn watch(
             _ = tokio::time::sleep(interval) => {}
             _ = &mut ctrl_c => return Ok(()),
         }
+    }
+}
+
+/// `CASSANDRA_MEMBERSHIP_LOCAL_DATACENTER`, the variable 0.2 read for the serial DC (renamed
+/// `CASSANDRA_MEMBERSHIP_SERIAL_DATACENTER`): still honoured, with a warning, when neither the
+/// flag nor the new variable is set.
+fn old_serial_datacenter_variable() -> Option<String> {
+    let dc = std::env::var("CASSANDRA_MEMBERSHIP_LOCAL_DATACENTER")
+        .ok()
+        .filter(|dc| !dc.is_empty())?;
+    tracing::warn!(
+        "CASSANDRA_MEMBERSHIP_LOCAL_DATACENTER is deprecated: set CASSANDRA_MEMBERSHIP_SERIAL_DATACENTER"
+    );
+    Some(dc)
+}
+
+/// Whether the global argument `id` came from the command line (in the matches of the
+/// subcommand it followed, or of the top level), not from its environment variable.
+fn on_command_line(matches: &clap::ArgMatches, id: &str) -> bool {
+    let here = matches!(
+        matches
+            .try_get_raw(id)
+            .ok()
+            .flatten()
+            .and(matches.value_source(id)),
+        Some(clap::parser::ValueSource::CommandLine)
+    );
+    here || matches
+        .subcommand()
+        .is_some_and(|(_, sub)| on_command_line(sub, id))
+}
+
+/// The cluster `delete-cluster` deletes: its argument, else `--cluster` (or its variable). An
+/// argument and a `--cluster` flag must agree; the variable (a default for the commands on one
+/// cluster) gives way to the argument.
+fn delete_target(
+    argument: &Option<String>,
+    cluster: &Option<String>,
+    cluster_flag: bool,
+) -> Result<String, CliError> {
+    // A destructive command names its target on the command line: the variable (a default for
+    // the commands on one cluster, maybe exported long ago) never picks the cluster to delete.
+    let flag = if cluster_flag { cluster } else { &None };
+    match (argument, flag) {
+        (Some(a), Some(f)) if a != f => Err(CliError::Usage(format!(
+            "delete-cluster {a} and --cluster {f} name different clusters: name it once"
+        ))),
+        (Some(c), _) | (None, Some(c)) => Ok(c.clone()),
+        (None, None) if cluster.is_some() => Err(CliError::Usage(
+            "delete-cluster does not take its cluster from CASSANDRA_MEMBERSHIP_CLUSTER: name \
+             it on the command line: delete-cluster <CLUSTER_ID> (or --cluster)"
+                .into(),
+        )),
+        (None, None) => Err(CliError::Usage(
+            "delete-cluster needs the cluster to delete on the command line: \
+             delete-cluster <CLUSTER_ID> (or --cluster)"
+                .into(),
+        )),
     }
 }

@@ -1,13 +1,14 @@
 //! `migrate`: the offline copy of a table of the 0.2 shape into a new table of the current
 //! shape (the library's `migrate_to`). Refuses a cluster whose silos still run (exit 3, nothing
-//! written); a copy that does not read back equal is exit 1. The source is never changed.
+//! written); a copy that does not read back equal, or a target holding a copy of a source that has
+//! changed since, is exit 1. The source is never changed.
 
 use std::time::{Duration, Instant};
 
-use cassandra_membership::{
-    CassandraMembershipTable, ClusterMigration, MigrationPlan, MigrationReport, Timestamp,
-    Verification,
+use cassandra_membership::cassandra::{
+    ClusterMigration, MigrationPlan, MigrationReport, Verification,
 };
+use cassandra_membership::{CassandraMembershipTable, Timestamp};
 use comfy_table::{Table, presets};
 use serde::Serialize;
 
@@ -41,9 +42,10 @@ struct ClusterReport {
     last_activity_silo: Option<String>,
     recent_activity: bool,
     heartbeats_dated_by_value: bool,
-    /// `verified`, `mismatch` or `not_run`.
+    /// `verified`, `target_moved_on`, `source_changed`, `mismatch` or `not_run`.
     verification: &'static str,
-    mismatch: Option<String>,
+    /// Why a cluster is not verified (`mismatch`, `source_changed`).
+    reason: Option<String>,
     skipped: Vec<SkippedReport>,
 }
 
@@ -55,10 +57,11 @@ struct SkippedReport {
 
 impl ClusterReport {
     fn new(c: &ClusterMigration) -> Self {
-        let (verification, mismatch) = match &c.verification {
+        let (verification, reason) = match &c.verification {
             Verification::Verified => ("verified", None),
             Verification::Mismatch(m) => ("mismatch", Some(m.clone())),
             Verification::TargetMovedOn => ("target_moved_on", None),
+            Verification::SourceChanged(why) => ("source_changed", Some(why.clone())),
             _ => ("not_run", None),
         };
         ClusterReport {
@@ -74,7 +77,7 @@ impl ClusterReport {
             recent_activity: c.recent_activity,
             heartbeats_dated_by_value: c.heartbeats_dated_by_value,
             verification,
-            mismatch,
+            reason,
             skipped: c
                 .skipped
                 .iter()
@@ -118,18 +121,39 @@ pub(crate) async fn migrate(
             humantime::format_duration(plan.quiet_for)
         )));
     }
-    let failed: Vec<String> = report
-        .clusters
-        .iter()
-        .filter(|c| matches!(c.verification, Verification::Mismatch(_)))
-        .map(|c| format!("{}/{}", c.service_id, c.cluster_id))
-        .collect();
+    let named = |f: fn(&Verification) -> bool| -> Vec<String> {
+        report
+            .clusters
+            .iter()
+            .filter(|c| f(&c.verification))
+            .map(|c| format!("{}/{}", c.service_id, c.cluster_id))
+            .collect()
+    };
+    let changed = named(|v| matches!(v, Verification::SourceChanged(_)));
+    let failed = named(|v| matches!(v, Verification::Mismatch(_)));
+    let mut problems = Vec::new();
+    if !changed.is_empty() {
+        problems.push(format!(
+            "{} cluster(s) changed on the source since an earlier copy into {}: {}; the stale \
+             copy there was left as it is (a copy cannot take back what was removed since): \
+             migrate into a new table",
+            changed.len(),
+            report.target,
+            changed.join(", ")
+        ));
+    }
     if !failed.is_empty() {
-        return Err(CliError::Failed(format!(
-            "{} cluster(s) did not read back as copied (see above): {}; the source is unchanged, \
-             run migrate again",
+        problems.push(format!(
+            "{} cluster(s) did not read back as copied: {}; the source is unchanged, run migrate \
+             again",
             failed.len(),
             failed.join(", ")
+        ));
+    }
+    if !problems.is_empty() {
+        return Err(CliError::Failed(format!(
+            "{} (see above)",
+            problems.join("; ")
         )));
     }
     Ok(())
@@ -186,7 +210,12 @@ fn text(r: &MigrateReport, report: &MigrationReport, quiet_for: Duration) -> Str
                 format!("verified (resumed: {} already there)", c.already_present)
             }
             ("verified", false) => "verified".into(),
-            ("mismatch", _) => format!("MISMATCH: {}", c.mismatch.as_deref().unwrap_or("")),
+            ("mismatch", _) => format!("MISMATCH: {}", c.reason.as_deref().unwrap_or("")),
+            ("source_changed", _) => format!(
+                "SOURCE CHANGED since an earlier copy, not copied: {}",
+                c.reason.as_deref().unwrap_or("")
+            ),
+            ("target_moved_on", _) => "target moved on (its silos wrote there): not copied".into(),
             _ if r.refused && c.recent_activity => "refused: active".into(),
             _ if r.dry_run && !r.refused => "would copy".into(),
             _ => "not copied".into(),

@@ -104,17 +104,20 @@ pub(crate) async fn declare_dead(
             });
         }
         if !yes {
-            // Say what would change before anything changes.
-            eprintln!(
-                "declare-dead: {address} (silo {}, host {}) is {} in service {} cluster {}, \
-                 last I-am-alive {}; with --yes its status becomes dead",
-                r.silo_name,
-                r.host_name,
-                r.previous_status,
-                r.service_id,
-                r.cluster_id,
-                row.entry.i_am_alive_time
-            );
+            // Say what would change before anything changes (under --json the stdout document
+            // says it: stderr holds JSON lines only).
+            if !json {
+                eprintln!(
+                    "declare-dead: {address} (silo {}, host {}) is {} in service {} cluster {}, \
+                     last I-am-alive {}; with --yes its status becomes dead",
+                    r.silo_name,
+                    r.host_name,
+                    r.previous_status,
+                    r.service_id,
+                    r.cluster_id,
+                    row.entry.i_am_alive_time
+                );
+            }
             print(json, &r, || "nothing written".into())?;
             return Err(CliError::Refused(format!(
                 "refusing to declare {address} dead without --yes"
@@ -390,17 +393,19 @@ pub(crate) async fn delete_cluster(
         damaged,
         deleted: false,
     };
-    // Say what will go before anything goes.
-    eprintln!(
-        "delete-cluster: service {service} cluster {target}: {} and the table version ({}) of {}",
-        r.entries.map_or("unknown entries".into(), self::entries),
-        match (&r.damaged, r.version) {
-            (Some(why), _) => format!("damaged: {why}"),
-            (None, Some(v)) => format!("version {v}"),
-            (None, None) => "none".into(),
-        },
-        table.qualified_table(),
-    );
+    // Say what will go before anything goes (under --json the stdout document says it).
+    if !json {
+        eprintln!(
+            "delete-cluster: service {service} cluster {target}: {} and the table version ({}) of {}",
+            r.entries.map_or("unknown entries".into(), self::entries),
+            match (&r.damaged, r.version) {
+                (Some(why), _) => format!("damaged: {why}"),
+                (None, Some(v)) => format!("version {v}"),
+                (None, None) => "none".into(),
+            },
+            table.qualified_table(),
+        );
+    }
     if !yes {
         print(json, &r, || "nothing deleted".into())?;
         return Err(CliError::Refused(format!(

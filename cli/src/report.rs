@@ -4,10 +4,8 @@
 
 use std::time::Duration;
 
-use cassandra_membership::{
-    ClusterInspection, EntryInspection, MembershipOptions, PatchAction, SiloStatus, Timestamp,
-    TtlAudit,
-};
+use cassandra_membership::cassandra::{ClusterInspection, EntryInspection, PatchAction, TtlAudit};
+use cassandra_membership::{MembershipOptions, SiloStatus, Timestamp};
 use comfy_table::{Table, presets};
 use serde::Serialize;
 

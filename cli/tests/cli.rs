@@ -14,7 +14,7 @@ use cassandra_membership::{
 use serde_json::Value;
 
 mod common;
-use common::{SERVICE, addr, connect, connected, contact_points, keyspace};
+use common::{SERVICE, addr, connect, connected, contact_points, exits, keyspace};
 
 /// Generous: the node is shared and conditional writes can be slow under load.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
@@ -110,21 +110,6 @@ fn json(c: &mut Command) -> Value {
         "every document is an object with its schema: {doc}"
     );
     doc
-}
-
-/// Runs, expects exit `code`, returns (stdout, stderr).
-fn exits(c: &mut Command, code: i32) -> (String, String) {
-    let out = c.output().unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    );
-    assert_eq!(
-        out.status.code(),
-        Some(code),
-        "stdout: {stdout}\nstderr: {stderr}"
-    );
-    (stdout, stderr)
 }
 
 fn text(c: &mut Command) -> String {
@@ -447,6 +432,9 @@ fn a_config_parse_error_never_prints_the_password() {
         "[credentials]\nusername = \"ops\"\npassword = \"hunter2\\q-escape\"\n",
         // A valid TOML value of the wrong type: serde quotes the value in its message.
         "[credentials]\nusername = \"ops\"\npassword = 73571234\n",
+        // The same as an inline table, on the line of another key.
+        "keyspace = \"orleans\"\n\ncredentials = { username = \"ops\", password = 73571234 }\n",
+        "keyspace = \"orleans\"\n\n\ncredentials = { username = \"ops\", password = 73571234.5 }\n",
     ] {
         let path = config_file(body);
         let out = cli("membership")
@@ -663,6 +651,32 @@ fn an_unreachable_node_is_exit_1_within_the_timeout_and_credentials_are_never_ec
     assert!(!all.contains("pa55-never-printed"), "{all}");
 }
 
+/// The error line carries the driver's reason once: the library's message already holds its
+/// causes.
+#[test]
+fn an_unreachable_node_s_error_names_each_cause_once() {
+    let out = bare()
+        .args([
+            "--contact-points",
+            "127.0.0.1:1",
+            "--connect-timeout",
+            "2s",
+            "clusters",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The driver's own warnings (above it) name the cause too: the error line is the CLI's.
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    let refused = std::io::Error::from_raw_os_error(111).to_string();
+    assert_eq!(line.matches(&refused).count(), 1, "{line}");
+    assert!(line.contains("unavailable during connect"), "{line}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_wrong_keyspace_or_table_is_a_schema_error_exit_4() {
     // The test keyspace exists (on a fresh node no other test may have created it yet), so the
@@ -741,7 +755,7 @@ fn a_command_on_a_cluster_without_its_ids_is_exit_2_naming_them() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn local_datacenter_pins_the_commands_to_a_dc_and_an_unknown_one_is_exit_2() {
+async fn serial_datacenter_pins_the_commands_to_a_dc_and_an_unknown_one_is_exit_2() {
     let table = unique_table();
     let t = cluster(&table, "dc-pinned", false).await;
     three_entries(&t).await;
@@ -749,14 +763,14 @@ async fn local_datacenter_pins_the_commands_to_a_dc_and_an_unknown_one_is_exit_2
     let report = json(
         cli(&table)
             .args(["--cluster", "dc-pinned", "--consistency", "local_quorum"])
-            .args(["--local-datacenter", "datacenter1", "--json", "members"]),
+            .args(["--serial-datacenter", "datacenter1", "--json", "members"]),
     );
     assert_eq!(
         report["members"].as_array().map(Vec::len),
         Some(3),
         "{report}"
     );
-    // The spelling of 0.1 is still accepted.
+    // The spelling of 0.1 (`local-quorum`) and the flag's name up to 0.2 are still accepted.
     let report = json(
         cli(&table)
             .args(["--cluster", "dc-pinned", "--consistency", "local-quorum"])
@@ -769,17 +783,29 @@ async fn local_datacenter_pins_the_commands_to_a_dc_and_an_unknown_one_is_exit_2
     );
     let out = cli(&table)
         .args(["--cluster", "dc-pinned", "--consistency", "local_quorum"])
-        .env("CASSANDRA_MEMBERSHIP_LOCAL_DATACENTER", "dc9")
+        .env("CASSANDRA_MEMBERSHIP_SERIAL_DATACENTER", "dc9")
         .arg("members")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(
-        stderr.contains("local_datacenter")
+        stderr.contains("serial_datacenter")
             && stderr.contains("dc9")
             && stderr.contains("datacenter1"),
         "{stderr}"
+    );
+    // 0.2's variable still sets it (with a warning): a job that sets only it kept working.
+    let out = cli(&table)
+        .args(["--cluster", "dc-pinned", "--consistency", "local_quorum"])
+        .env("CASSANDRA_MEMBERSHIP_LOCAL_DATACENTER", "datacenter1")
+        .args(["--json", "members"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("deprecated"),
+        "{out:?}"
     );
     // Without one, local-quorum is refused before connecting.
     let out = cli(&table)
@@ -984,7 +1010,16 @@ async fn declare_dead_refuses_without_yes_then_writes_dead_at_the_next_version()
         stderr.contains("refusing to declare 10.0.0.1:11111@1 dead without --yes"),
         "{stderr}"
     );
-    assert!(stderr.contains("is active"), "says what it found: {stderr}");
+    // Under --json what it found is the stdout document (previous_status), not text on stderr.
+    assert!(!stderr.contains("is active"), "{stderr}");
+    let (_, preview) = exits(
+        cli(&table).args(["--cluster", "blue", "declare-dead", silo]),
+        3,
+    );
+    assert!(
+        preview.contains("is active"),
+        "says what it found: {preview}"
+    );
     let refused: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(refused["schema"], 1);
     assert_eq!(refused["declared"], false, "{refused}");
@@ -1238,12 +1273,12 @@ async fn verbose_and_rust_log_put_the_logs_on_stderr_and_never_on_stdout() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn clusters_shows_progress_on_stderr_once_the_scan_takes_long() {
+async fn clusters_shows_progress_on_stderr_once_the_scan_takes_long_but_not_under_json() {
     let table = unique_table();
     let blue = cluster(&table, "blue", false).await;
     let green = cluster(&table, "green", false).await;
     let out = cli(&table)
-        .args(["clusters", "--json", "--progress-after", "0s"])
+        .args(["clusters", "--progress-after", "0s"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
@@ -1253,6 +1288,20 @@ async fn clusters_shows_progress_on_stderr_once_the_scan_takes_long() {
         "{stderr}"
     );
     assert!(stderr.contains("clusters: 2/2 read in"), "{stderr}");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("read"),
+        "{out:?}"
+    );
+    // Under --json stderr holds JSON lines only: no progress text, and none in the document.
+    let out = cli(&table)
+        .args(["clusters", "--json", "--progress-after", "0s"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("read"),
+        "{out:?}"
+    );
     let doc: Value = serde_json::from_slice(&out.stdout).expect("no progress in the JSON");
     assert_eq!(doc["clusters"].as_array().unwrap().len(), 2);
     // A quick scan (the default: after one second) shows none.

@@ -13,45 +13,13 @@ use cassandra_membership::{
 use serde_json::Value;
 
 mod common;
-use common::{SERVICE, addr, connect, connected, keyspace, options};
+use common::{SERVICE, addr, connected, keyspace, options};
+
+#[path = "migrate/old_table.rs"]
+mod old_table;
+use old_table::{OldTable, cell, drop_tables, micros, open, unique, within};
 
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(180);
-
-/// `git show v0.2:cql/create_table.cql`, as cassandra-membership 0.2 created its tables (without
-/// the derived table id).
-const OLD_CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS {table} (
-    service_id    text,
-    cluster_id    text,
-    silo          text,
-    version       bigint static,
-    version_etag  uuid static,
-    heartbeats    map<text, frozen<tuple<timestamp, timestamp>>> static,
-    etag          uuid,
-    status        int,
-    suspect_times frozen<list<frozen<tuple<text, timestamp>>>>,
-    proxy_port    int,
-    host_name     text,
-    silo_name     text,
-    role_name     text,
-    update_zone   int,
-    fault_zone    int,
-    start_time    timestamp,
-    i_am_alive    timestamp,
-    PRIMARY KEY ((service_id, cluster_id), silo)
-) WITH default_time_to_live = 0 AND gc_grace_seconds = 3600";
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
-}
-
-/// A table value on `table` (nothing is created).
-async fn open(table: &str, cluster: &str) -> CassandraMembershipTable {
-    connect(options(table, cluster)).await
-}
-
-fn q(table: &str) -> String {
-    format!("\"{}\".\"{table}\"", keyspace())
-}
 
 /// The binary with the connection flags of `table`, expiry off (see [`common::connected`]).
 fn cli(table: &str) -> Command {
@@ -82,220 +50,6 @@ fn cluster_json<'a>(doc: &'a Value, cluster: &str) -> &'a Value {
         .iter()
         .find(|c| c["cluster_id"] == cluster)
         .unwrap_or_else(|| panic!("{cluster} not in {doc}"))
-}
-
-/// A CQL timestamp literal (milliseconds): the test binds no driver types of its own.
-fn ms(t: Timestamp) -> i64 {
-    t.as_millis()
-}
-
-fn micros(t: Timestamp) -> i64 {
-    t.as_millis() * 1000
-}
-
-/// An old table, filled as the 0.2 provider wrote it.
-struct OldTable {
-    table: String,
-    /// A table value whose session the raw statements use.
-    conn: CassandraMembershipTable,
-}
-
-impl OldTable {
-    async fn create() -> Self {
-        let table = unique("old");
-        // The library's keyspace creation (development replication), on a table of its own.
-        let scratch = open(&unique("scratch"), "x").await;
-        scratch
-            .initialize(false)
-            .await
-            .expect("create the test keyspace");
-        let session = scratch.session();
-        session
-            .query_unpaged(
-                format!("DROP TABLE IF EXISTS {}", scratch.qualified_table()),
-                (),
-            )
-            .await
-            .unwrap();
-        session
-            .query_unpaged(OLD_CREATE_TABLE.replace("{table}", &q(&table)), ())
-            .await
-            .expect("create the old-shape table");
-        session.await_schema_agreement().await.unwrap();
-        OldTable {
-            table,
-            conn: scratch,
-        }
-    }
-
-    async fn version(
-        &self,
-        cluster: &str,
-        version: i64,
-        etag: uuid::Uuid,
-        ttl: i32,
-        at: Timestamp,
-    ) {
-        self.conn
-            .session()
-            .query_unpaged(
-                format!(
-                    "UPDATE {} USING TTL ? AND TIMESTAMP ? SET version = ?, version_etag = ? \
-                     WHERE service_id = ? AND cluster_id = ?",
-                    q(&self.table)
-                ),
-                (ttl, micros(at), version, etag, SERVICE, cluster),
-            )
-            .await
-            .unwrap();
-    }
-
-    /// All entry columns in one statement, as the 0.2 provider's conditional writes did.
-    async fn entry(
-        &self,
-        cluster: &str,
-        e: &MembershipEntry,
-        etag: uuid::Uuid,
-        ttl: i32,
-        at: Timestamp,
-    ) {
-        let suspects: Vec<String> = e
-            .suspect_times
-            .iter()
-            .map(|s| format!("('{}', {})", s.suspecting_silo, ms(s.time)))
-            .collect();
-        self.conn
-            .session()
-            .query_unpaged(
-                format!(
-                    "UPDATE {} USING TTL ? AND TIMESTAMP ? SET etag = ?, status = ?, \
-                     suspect_times = [{}], proxy_port = ?, host_name = ?, silo_name = ?, \
-                     role_name = ?, update_zone = ?, fault_zone = ?, start_time = {}, \
-                     i_am_alive = {} WHERE service_id = ? AND cluster_id = ? AND silo = ?",
-                    q(&self.table),
-                    suspects.join(", "),
-                    ms(e.start_time),
-                    ms(e.i_am_alive_time)
-                ),
-                (
-                    ttl,
-                    micros(at),
-                    etag,
-                    e.status.code(),
-                    i32::from(e.proxy_port),
-                    &e.host_name,
-                    &e.silo_name,
-                    &e.role_name,
-                    e.update_zone,
-                    e.fault_zone,
-                    SERVICE,
-                    cluster,
-                    e.address.to_string(),
-                ),
-            )
-            .await
-            .unwrap();
-    }
-
-    /// A heartbeat element, stamped with its I-am-alive time as the 0.2 provider did.
-    async fn heartbeat(&self, cluster: &str, e: &MembershipEntry, alive: Timestamp, ttl: i32) {
-        self.conn
-            .session()
-            .query_unpaged(
-                format!(
-                    "UPDATE {} USING TTL ? AND TIMESTAMP ? SET heartbeats[?] = ({}, {}) \
-                     WHERE service_id = ? AND cluster_id = ?",
-                    q(&self.table),
-                    ms(e.start_time),
-                    ms(alive)
-                ),
-                (ttl, micros(alive), e.address.to_string(), SERVICE, cluster),
-            )
-            .await
-            .unwrap();
-    }
-
-    /// Every cell of the table with its write time, one JSON text per row. TTLs move, so
-    /// they are compared apart ([`assert_cells`]).
-    async fn dump(&self) -> Vec<String> {
-        let rows = self
-            .conn
-            .session()
-            .query_unpaged(
-                format!(
-                    "SELECT JSON cluster_id, silo, etag, status, suspect_times, proxy_port, \
-                     host_name, silo_name, role_name, update_zone, fault_zone, start_time, \
-                     i_am_alive, WRITETIME(etag), version, version_etag, \
-                     WRITETIME(version_etag), heartbeats, WRITETIME(heartbeats) FROM {}",
-                    q(&self.table)
-                ),
-                (),
-            )
-            .await
-            .unwrap()
-            .into_rows_result()
-            .unwrap();
-        let mut out: Vec<String> = rows
-            .rows::<(String,)>()
-            .unwrap()
-            .map(|r| r.unwrap().0)
-            .collect();
-        out.sort();
-        out
-    }
-}
-
-/// Best effort: drops the tables (and the new tables' entry types) a test created; a leftover in
-/// the test keyspace harms nothing.
-async fn drop_tables(conn: &CassandraMembershipTable, tables: &[&str]) {
-    for t in tables {
-        let _ = conn
-            .session()
-            .query_unpaged(format!("DROP TABLE IF EXISTS {}", q(t)), ())
-            .await;
-        let _ = conn
-            .session()
-            .query_unpaged(
-                format!("DROP TYPE IF EXISTS {}", q(&format!("{t}_entry"))),
-                (),
-            )
-            .await;
-    }
-}
-
-/// (TTL, WRITETIME) of `column` in a row of `table`.
-async fn cell(
-    conn: &CassandraMembershipTable,
-    table: &str,
-    column: &str,
-    cluster: &str,
-    silo: &str,
-) -> (Option<i32>, Option<i64>) {
-    let rows = conn
-        .session()
-        .query_unpaged(
-            format!(
-                "SELECT TTL({column}), WRITETIME({column}) FROM {} \
-                 WHERE service_id = ? AND cluster_id = ? AND silo = ?",
-                q(table)
-            ),
-            (SERVICE, cluster, silo),
-        )
-        .await
-        .unwrap()
-        .into_rows_result()
-        .unwrap();
-    rows.maybe_first_row::<(Option<i32>, Option<i64>)>()
-        .unwrap()
-        .unwrap_or((None, None))
-}
-
-fn within(actual: Option<i32>, expected: Option<i32>, slack: i32) -> bool {
-    match (actual, expected) {
-        (Some(a), Some(e)) => a <= e && a >= e - slack,
-        (None, None) => true,
-        _ => false,
-    }
 }
 
 /// A cluster as the provider must read it: version, version tag, entries (heartbeat merged)
@@ -615,6 +369,51 @@ async fn migrate_copies_an_old_table_keeping_write_times_and_ttls_and_resumes() 
 
     // (e) The old table is exactly as it was.
     assert_eq!(old.dump().await, before);
+    drop_tables(&old.conn, &[&old.table, &new_table]).await;
+}
+
+/// A complete copy, then the silos went back to the old table and wrote (a new version, one
+/// more entry): a run again leaves the stale copy as it is, says why, and exits non-zero.
+#[tokio::test(flavor = "multi_thread")]
+async fn migrate_again_after_the_source_changed_leaves_the_copy_and_fails() {
+    let old = OldTable::create().await;
+    let cluster = unique("moved");
+    let long_ago = Timestamp::now().saturating_sub(Duration::from_secs(3600));
+    let first = MembershipEntry::new(addr("10.0.4.1:11111@1"), SiloStatus::Active, long_ago);
+    old.version(&cluster, 3, uuid::Uuid::new_v4(), 0, long_ago)
+        .await;
+    old.entry(&cluster, &first, uuid::Uuid::new_v4(), 0, long_ago)
+        .await;
+    let new_table = unique("new");
+    let doc = run_json(
+        cli(&old.table).args(["--json", "migrate", "--to-table", &new_table]),
+        0,
+    );
+    assert_eq!(cluster_json(&doc, &cluster)["verification"], "verified");
+
+    let later = Timestamp::now().saturating_sub(Duration::from_secs(600));
+    let second = MembershipEntry::new(addr("10.0.4.2:11111@1"), SiloStatus::Active, later);
+    old.version(&cluster, 4, uuid::Uuid::new_v4(), 0, later)
+        .await;
+    old.entry(&cluster, &second, uuid::Uuid::new_v4(), 0, later)
+        .await;
+    let doc = run_json(
+        cli(&old.table).args(["--json", "migrate", "--to-table", &new_table]),
+        1,
+    );
+    let c = cluster_json(&doc, &cluster);
+    assert_eq!(c["verification"], "source_changed", "{doc}");
+    assert!(c["reason"].as_str().unwrap().contains("version 3"), "{doc}");
+    let copy = open(&new_table, &cluster).await.read_all().await.unwrap();
+    assert_eq!(copy.version.version, 3, "the stale copy is left as it was");
+    assert_eq!(copy.rows.len(), 1);
+    let out = cli(&old.table)
+        .args(["migrate", "--to-table", &new_table])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("since an earlier copy"), "{stderr}");
     drop_tables(&old.conn, &[&old.table, &new_table]).await;
 }
 

@@ -142,15 +142,18 @@ impl CassandraMembershipTable {
                 expected: Expected::of(st.whole_entry_conditions, stored),
                 expected_heartbeat: heartbeat,
             };
-            let deleted = match self
+            // (gone, removed by this delete): a row gone after a delete whose outcome is unknown
+            // may be another silo's removal, so it is not counted (the count can be low, never
+            // high), but it is gone all the same.
+            let (gone, counted) = match self
                 .conditional(OPERATION, &st.delete_entry, values)
                 .await?
             {
-                Outcome::Applied => true,
-                Outcome::NotApplied => false,
+                Outcome::Applied => (true, true),
+                Outcome::NotApplied => (false, false),
                 Outcome::Ambiguous(e) => match self.read_one(&entry.address, true).await {
-                    Ok(None) => true,
-                    Ok(Some(_)) => false,
+                    Ok(None) => (true, false),
+                    Ok(Some(_)) => (false, false),
                     Err(_) => {
                         return Err(MembershipError::OutcomeUnknown {
                             operation: OPERATION,
@@ -162,8 +165,10 @@ impl CassandraMembershipTable {
                     }
                 },
             };
-            if deleted {
+            if counted {
                 removed += 1;
+            }
+            if gone {
                 removed_keys.insert(key);
                 self.forget_lease(&entry.address);
             }

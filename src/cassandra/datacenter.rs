@@ -1,4 +1,4 @@
-//! `local_datacenter`: the execution profile every statement carries, and `initialize`'s check that
+//! `serial_datacenter`: the execution profile every statement carries, and `initialize`'s check that
 //! the cluster and the keyspace know the DC.
 //!
 //! Which DC coordinates a statement decides which DC's replicas run its LOCAL_SERIAL Paxos round:
@@ -17,14 +17,14 @@ use super::errors::to_error;
 use super::options::{CassandraClusteringOptions, ConsistencyProfile};
 use crate::error::{MembershipError, Result};
 
-/// The profile for the options' `local_datacenter`, if they name one: token-aware, that DC's
+/// The profile for the options' `serial_datacenter`, if they name one: token-aware, that DC's
 /// nodes first; with `local_quorum` that DC's nodes only (a LOCAL_* statement coordinated
 /// elsewhere would run in the other DC's quorum). Statement-level settings (consistency, timeout,
 /// retry policy, idempotence) stay on each statement and take precedence over the profile's.
 pub(super) fn routing_profile(
     options: &CassandraClusteringOptions,
 ) -> Option<ExecutionProfileHandle> {
-    let dc = options.local_datacenter.as_ref()?;
+    let dc = options.serial_datacenter.as_ref()?;
     let policy = DefaultPolicy::builder()
         .prefer_datacenter(dc.clone())
         .token_aware(true)
@@ -33,7 +33,7 @@ pub(super) fn routing_profile(
     let profile = ExecutionProfile::builder()
         .load_balancing_policy(policy)
         .build();
-    Some(profile.into_handle_with_label(format!("cassandra-membership local_datacenter={dc}")))
+    Some(profile.into_handle_with_label(format!("cassandra-membership serial_datacenter={dc}")))
 }
 
 /// The DC must be one the driver knows: with `local_quorum` no statement could be sent otherwise.
@@ -45,14 +45,14 @@ pub(super) fn check_known(dc: &str, known: &BTreeSet<String>) -> Result<()> {
             operation: "initialize",
             source: format!(
                 "the driver knows no node's data centre yet (its metadata fetch failed?), so \
-                 local_datacenter {dc:?} cannot be checked or used"
+                 serial_datacenter {dc:?} cannot be checked or used"
             )
             .into(),
         });
     }
     if !known.contains(dc) {
         return Err(MembershipError::config(
-            "local_datacenter",
+            "serial_datacenter",
             format!(
                 "{dc:?}: the cluster has no such data centre (its nodes are in {}); the name is \
                  as `nodetool status` prints it",
@@ -71,7 +71,7 @@ pub(super) fn check_known(dc: &str, known: &BTreeSet<String>) -> Result<()> {
 pub(super) fn host_filter(
     options: &CassandraClusteringOptions,
 ) -> Option<Arc<dyn scylla::policies::host_filter::HostFilter>> {
-    match (&options.local_datacenter, options.consistency) {
+    match (&options.serial_datacenter, options.consistency) {
         (Some(dc), ConsistencyProfile::LocalQuorum) => Some(Arc::new(
             scylla::policies::host_filter::DcHostFilter::new(dc.clone()),
         )),
@@ -99,7 +99,7 @@ pub(super) fn check_replication(
             return Err(MembershipError::SchemaMismatch {
                 table: table.to_owned(),
                 detail: format!(
-                    "keyspace {keyspace:?} keeps no replica in local_datacenter {dc:?} (it replicates \
+                    "keyspace {keyspace:?} keeps no replica in serial_datacenter {dc:?} (it replicates \
                      to {}): ALTER KEYSPACE to replicate to {dc:?}, or name one of those DCs",
                     list(dcs)
                 ),
@@ -116,7 +116,7 @@ pub(super) fn check_replication(
             detail: format!(
                 "keyspace {keyspace:?} uses {class}, which places replicas regardless of data \
                  centre, on a cluster with data centres {}: consistency = \"local_quorum\" with \
-                 local_datacenter {dc:?} needs NetworkTopologyStrategy naming {dc:?}",
+                 serial_datacenter {dc:?} needs NetworkTopologyStrategy naming {dc:?}",
                 list(known.iter())
             ),
         });
@@ -144,19 +144,19 @@ impl CassandraMembershipTable {
             .collect()
     }
 
-    /// Checks `local_datacenter` against the driver's metadata, before anything is sent (with a DC
+    /// Checks `serial_datacenter` against the driver's metadata, before anything is sent (with a DC
     /// it does not know, a `local_quorum` statement has no node to go to).
     pub(super) fn check_datacenter_known(&self) -> Result<()> {
-        match &self.options().local_datacenter {
+        match &self.options().serial_datacenter {
             Some(dc) => check_known(dc, &self.known_datacenters()),
             None => Ok(()),
         }
     }
 
-    /// Checks `local_datacenter` against the keyspace's replication (a keyspace that exists).
-    pub(super) async fn check_local_datacenter(&self) -> Result<()> {
+    /// Checks `serial_datacenter` against the keyspace's replication (a keyspace that exists).
+    pub(super) async fn check_serial_datacenter(&self) -> Result<()> {
         let o = self.options();
-        let Some(dc) = &o.local_datacenter else {
+        let Some(dc) = &o.serial_datacenter else {
             return Ok(());
         };
         let known = self.known_datacenters();
@@ -185,9 +185,9 @@ impl CassandraMembershipTable {
         if o.consistency == ConsistencyProfile::LocalQuorum {
             // The one rule the provider cannot check: logged where an operator looks first.
             tracing::info!(
-                local_datacenter = %dc,
+                serial_datacenter = %dc,
                 "compare-and-sets of this cluster run in {dc}'s replicas (local_quorum): every silo \
-                 of the cluster must name local_datacenter = {dc:?}, or two can both win one round"
+                 of the cluster must name serial_datacenter = {dc:?}, or two can both win one round"
             );
         }
         Ok(())
@@ -309,6 +309,6 @@ mod tests {
             .service_id("s")
             .cluster_id("c");
         assert!(routing_profile(&o).is_none());
-        assert!(routing_profile(&o.local_datacenter("dc1")).is_some());
+        assert!(routing_profile(&o.serial_datacenter("dc1")).is_some());
     }
 }

@@ -212,6 +212,83 @@ pub(crate) fn session_access_denied(err: &NewSessionError) -> bool {
     }
 }
 
+/// True when a connection failed in its TLS handshake: tokio-rustls reports rustls' error as
+/// an `io::Error` wrapping it. The same configuration fails the same way every time.
+fn connection_tls_failed(err: &ConnectionError) -> bool {
+    match err {
+        #[cfg(feature = "rustls")]
+        ConnectionError::IoError(io) => io
+            .get_ref()
+            .and_then(|e| e.downcast_ref::<rustls::Error>())
+            .is_some_and(tls_configuration_error),
+        _ => false,
+    }
+}
+
+/// A TLS failure that configuration causes and only configuration fixes: a certificate not
+/// trusted, expired or refused, no common protocol, a port that does not speak TLS. Not an
+/// alert like `InternalError`, which a TLS-terminating proxy sends while its backend is down
+/// (transient: it stays `Unavailable`).
+#[cfg(feature = "rustls")]
+fn tls_configuration_error(e: &rustls::Error) -> bool {
+    use rustls::AlertDescription as A;
+    match e {
+        rustls::Error::InvalidCertificate(_)
+        | rustls::Error::NoCertificatesPresented
+        | rustls::Error::InvalidMessage(_)
+        | rustls::Error::PeerIncompatible(_)
+        | rustls::Error::InvalidCertRevocationList(_) => true,
+        rustls::Error::AlertReceived(alert) => matches!(
+            alert,
+            A::HandshakeFailure
+                | A::NoCertificate
+                | A::BadCertificate
+                | A::UnsupportedCertificate
+                | A::CertificateRevoked
+                | A::CertificateExpired
+                | A::CertificateUnknown
+                | A::UnknownCA
+                | A::AccessDenied
+                | A::ProtocolVersion
+                | A::InsufficientSecurity
+                | A::CertificateRequired
+                | A::UnrecognisedName
+        ),
+        _ => false,
+    }
+}
+
+fn pool_tls_failed(err: &ConnectionPoolError) -> bool {
+    matches!(err, ConnectionPoolError::Broken { last_connection_error } if connection_tls_failed(last_connection_error))
+}
+
+/// True when a session could not be built because the TLS handshake failed.
+fn session_tls_failed(err: &NewSessionError) -> bool {
+    matches!(err, NewSessionError::MetadataError(MetadataError::ConnectionPoolError(p)) if pool_tls_failed(p))
+}
+
+/// The error for a session that could not be built; `user` is the configured username.
+pub(crate) fn session_error(err: NewSessionError, user: Option<String>) -> MembershipError {
+    if session_tls_failed(&err) {
+        return MembershipError::TlsHandshake {
+            operation: "connect",
+            source: Box::new(err),
+        };
+    }
+    if session_access_denied(&err) {
+        return MembershipError::AccessDenied {
+            operation: "connect",
+            user,
+            host_session: false,
+            source: Box::new(err),
+        };
+    }
+    MembershipError::Unavailable {
+        operation: "connect",
+        source: Box::new(err),
+    }
+}
+
 /// The error for a failure that did not leave anything ambiguous (reads, refused writes).
 /// An access failure names no user here; the table fills it in (see `CassandraMembershipTable::named`).
 pub(crate) fn to_error(operation: &'static str, err: ExecutionError) -> MembershipError {
@@ -220,6 +297,12 @@ pub(crate) fn to_error(operation: &'static str, err: ExecutionError) -> Membersh
             operation,
             user: None,
             host_session: false,
+            source: Box::new(err),
+        };
+    }
+    if matches!(&err, ExecutionError::ConnectionPoolError(p) if pool_tls_failed(p)) {
+        return MembershipError::TlsHandshake {
+            operation,
             source: Box::new(err),
         };
     }
@@ -398,6 +481,55 @@ pub(super) mod tests {
         ] {
             assert!(!prepare_refused_statement(&transient), "{transient:?}");
         }
+    }
+
+    /// What the driver answers when every connection failed with `io` (the TLS stream reports a
+    /// failed handshake as an `io::Error` wrapping the `rustls::Error`).
+    #[cfg(feature = "rustls")]
+    fn session_failing_with(io: std::io::Error) -> NewSessionError {
+        NewSessionError::MetadataError(MetadataError::ConnectionPoolError(
+            ConnectionPoolError::Broken {
+                last_connection_error: ConnectionError::IoError(std::sync::Arc::new(io)),
+            },
+        ))
+    }
+
+    /// A wrong CA (or a node's certificate for another name) fails the same way on every retry:
+    /// a configuration error that says so, not an outage a retry loop waits out. The values are
+    /// built here as the driver and tokio-rustls build them; tests/cassandra/secure.rs meets
+    /// the real ones on the TLS node.
+    #[cfg(feature = "rustls")]
+    #[test]
+    fn an_untrusted_server_certificate_is_a_configuration_error_not_transient() {
+        use rustls::{AlertDescription, CertificateError};
+        for tls in [
+            rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer),
+            rustls::Error::InvalidCertificate(CertificateError::NotValidForName),
+            rustls::Error::AlertReceived(AlertDescription::UnknownCA),
+        ] {
+            let io = std::io::Error::new(std::io::ErrorKind::InvalidData, tls.clone());
+            let err = session_error(session_failing_with(io), None);
+            assert!(!err.is_transient(), "{tls:?}: {err:?}");
+            assert!(
+                !matches!(err, MembershipError::Unavailable { .. }),
+                "{err:?}"
+            );
+            let text = err.to_string();
+            assert!(text.contains(&tls.to_string()), "{text}");
+        }
+        // A proxy's InternalError alert (its backend is down) is an outage, not configuration.
+        let io = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::AlertReceived(AlertDescription::InternalError),
+        );
+        let proxied = session_error(session_failing_with(io), None);
+        assert!(proxied.is_transient(), "{proxied:?}");
+        // A refused TCP connection is still an outage.
+        let refused = session_error(
+            session_failing_with(std::io::Error::from_raw_os_error(111)),
+            None,
+        );
+        assert!(refused.is_transient(), "{refused:?}");
     }
 
     #[test]

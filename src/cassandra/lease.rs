@@ -252,12 +252,22 @@ impl CassandraMembershipTable {
 
     /// `update_i_am_alive`: one plain write of the entry's heartbeat cell, plus a check (and
     /// with TTL a renewal) of the entry once per renewal interval.
+    ///
+    /// A known entry's heartbeat is written first and its renewal, when due, runs in what is
+    /// left of the call (`table_operation_timeout`, which bounds the whole heartbeat in the
+    /// runtime). The renewal used to run first — a read, a TTL read and a Paxos round, each
+    /// allowed a whole request timeout —, and while one node of three was dead but not yet
+    /// convicted by gossip it outlasted the call: the runtime cut the call, the heartbeat write
+    /// behind it never ran, the lease stayed due so the next heartbeat renewed first again, and
+    /// after a few periods without a heartbeat the silo was declared dead. Now a slow renewal
+    /// costs only itself: the heartbeat has landed, the lease is not extended, and the next
+    /// heartbeat tries the renewal again (the host fences at `refresh_by` if none succeeds).
     pub(super) async fn heartbeat(
         &self,
         address: &SiloAddress,
         time: Timestamp,
     ) -> Result<HeartbeatOutcome> {
-        let now = Timestamp::now();
+        let started = std::time::Instant::now();
         let known = self
             .leases
             .lock()
@@ -266,43 +276,72 @@ impl CassandraMembershipTable {
             .copied();
         let renewal = Duration::from_secs(self.options().renewal_seconds());
         let state = match known {
-            Some(s) if s.renewed_mono.elapsed() < renewal => s,
-            _ => {
-                // Unknown entry, or its lease is due: check it exists (and renew its TTL).
-                match self.renew(address).await {
+            Some(s) if s.renewed_mono.elapsed() < renewal => {
+                self.publish(address, s, time).await?;
+                s
+            }
+            Some(s) => {
+                self.publish(address, s, time).await?;
+                let renewed_at = Timestamp::now();
+                let left = self.renewal_budget(started.elapsed());
+                // Nothing left: not even started (a timeout of zero still polls once, which
+                // would send its first read).
+                let renewal = async {
+                    if left.is_zero() {
+                        std::future::pending().await
+                    } else {
+                        self.renew(address).await
+                    }
+                };
+                match tokio::time::timeout(left, renewal).await {
+                    Ok(Ok(Some(entry))) => {
+                        let renewed = LeaseState::after_write(&entry, renewed_at);
+                        self.remember_lease(*address, renewed);
+                        renewed
+                    }
+                    Ok(Ok(None)) => {
+                        // The entry is gone: the cell written above is taken back (a delete at
+                        // its own write time wins the tie), so that a heartbeat answering
+                        // `NotFound` leaves nothing behind (docs::expiry, "never partial").
+                        let written = time.as_millis().saturating_mul(1000);
+                        let key = address.to_string();
+                        if let Err(e) = self
+                            .delete_heartbeat_cell(self.pk(), &key, written, OPERATION)
+                            .await
+                        {
+                            warn!(silo = %address, error = %e, "the heartbeat cell of a missing entry was not removed; it expires with its TTL, or the cleanup removes it");
+                        }
+                        return Ok(self.not_found(address));
+                    }
                     // The I-am-alive time is published all the same: the others must not
                     // declare this silo dead while its lease still runs. The lease is not
                     // extended, so the next heartbeat retries the renewal, and the host is told
                     // to fence at the old lease's `refresh_by` if renewals keep failing.
-                    Err(e) => match known {
-                        Some(s) => {
-                            warn!(silo = %address, error = %e, "lease renewal failed; publishing the heartbeat, the next one retries the renewal");
-                            s
-                        }
-                        None => return Err(e),
-                    },
-                    Ok(None) => {
-                        self.forget_lease(address);
-                        Span::current().record("outcome", "not_found");
-                        return Ok(HeartbeatOutcome::NotFound);
+                    Ok(Err(e)) => {
+                        warn!(silo = %address, error = %e, "lease renewal failed; the heartbeat was published, the next one retries the renewal");
+                        s
                     }
-                    Ok(Some(entry)) => {
-                        let s = LeaseState::after_write(&entry, now);
+                    Err(_) => {
+                        warn!(silo = %address, within = ?left, "lease renewal unfinished within the heartbeat's call; the heartbeat was published, the next one retries the renewal");
+                        s
+                    }
+                }
+            }
+            None => {
+                // Unknown entry: check it exists (and renew its TTL) before writing its cell,
+                // which needs the entry's start time.
+                let renewed_at = Timestamp::now();
+                match self.renew(address).await? {
+                    None => return Ok(self.not_found(address)),
+                    Some(entry) => {
+                        let s = LeaseState::after_write(&entry, renewed_at);
                         self.remember_lease(*address, s);
+                        self.publish(address, s, time).await?;
                         s
                     }
                 }
             }
         };
-        self.write_heartbeat(
-            self.pk(),
-            &address.to_string(),
-            (to_cql(state.start_time), to_cql(time)),
-            self.write_ttl(),
-            time.as_millis().saturating_mul(1000),
-            OPERATION,
-        )
-        .await?;
         let lease = self.lease_for(state.renewed_at);
         Ok(if state.dead {
             Span::current().record("outcome", "declared_dead");
@@ -311,5 +350,63 @@ impl CassandraMembershipTable {
             Span::current().record("outcome", "refreshed");
             HeartbeatOutcome::Refreshed { lease }
         })
+    }
+
+    /// Writes the heartbeat cell of `address` for the incarnation `state` knows.
+    async fn publish(
+        &self,
+        address: &SiloAddress,
+        state: LeaseState,
+        time: Timestamp,
+    ) -> Result<()> {
+        self.write_heartbeat(
+            self.pk(),
+            &address.to_string(),
+            (to_cql(state.start_time), to_cql(time)),
+            self.write_ttl(),
+            time.as_millis().saturating_mul(1000),
+            OPERATION,
+        )
+        .await
+    }
+
+    fn not_found(&self, address: &SiloAddress) -> HeartbeatOutcome {
+        self.forget_lease(address);
+        Span::current().record("outcome", "not_found");
+        HeartbeatOutcome::NotFound
+    }
+
+    /// What a due renewal may take once the heartbeat took `spent` of the call: the rest of
+    /// `table_operation_timeout`, less a tenth (at least 20 ms) so that this call answers before
+    /// the runtime's bound cuts it.
+    fn renewal_budget(&self, spent: Duration) -> Duration {
+        renewal_budget(
+            self.options()
+                .membership
+                .effective_table_operation_timeout(),
+            spent,
+        )
+    }
+}
+
+/// See [`CassandraMembershipTable::renewal_budget`].
+fn renewal_budget(call: Duration, spent: Duration) -> Duration {
+    let margin = (call / 10).max(Duration::from_millis(20));
+    call.saturating_sub(margin).saturating_sub(spent)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_due_renewal_gets_what_the_heartbeat_left_of_the_call() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        assert_eq!(renewal_budget(s(1), ms(100)), ms(800));
+        assert_eq!(renewal_budget(s(30), s(1)), s(26));
+        assert_eq!(renewal_budget(ms(100), ms(10)), ms(70));
+        // A heartbeat that took the whole call leaves nothing: the renewal is not started.
+        assert_eq!(renewal_budget(s(1), s(2)), Duration::ZERO);
     }
 }

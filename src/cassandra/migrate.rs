@@ -7,56 +7,35 @@
 //! the same timestamps, and whatever was written to the new table later wins over them. The old
 //! table is only read.
 //!
-//! What to write is decided by pure functions of the partition as read and the time
-//! ([`plan_cluster`]); the IO around them reads, writes in single-partition batches, and verifies
-//! through the provider's own read.
+//! By responsibility: `plan.rs` decides what to write for one old partition (pure), `rerun.rs`
+//! what to do with a cluster the target already holds cells of (pure), `source.rs` reads the old
+//! table, `copy.rs` sets up, reads and writes the target; this file holds the public types and
+//! the run's order.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use scylla::client::session::Session;
-use scylla::response::{PagingState, PagingStateResponse};
-use scylla::serialize::row::{RowSerializationContext, SerializeRow};
-use scylla::serialize::writers::RowWriter;
-use scylla::statement::Consistency;
-use scylla::statement::batch::{Batch, BatchType};
-use scylla::statement::prepared::PreparedStatement;
 use tracing::{Span, info, instrument, warn};
-use uuid::Uuid;
 
-use super::bind::EntryValues;
-use super::errors::{prepare_error, prepare_refused_statement, to_error};
-use super::heartbeats::StoredHeartbeat;
-use super::options::{ConsistencyProfile, validate_identifier};
-use super::retry::{ProviderRetryPolicy, StatementKind};
-use super::statements::{PrepareFailure, bind_table, qualified};
+use super::options::validate_identifier;
+use super::statements::qualified;
 use super::{CassandraMembershipTable, Pk};
-use crate::cassandra::exec::Scan;
 use crate::error::{MembershipError, Result};
 use crate::model::{TableVersion, Timestamp};
-use crate::table::MembershipTable;
 
+mod copy;
 mod plan;
-use plan::{
-    ClusterCopy, CopyWrite, Dated, OldHeartbeatValuesRow, OldHeartbeatsRow, OldPartition, OldRow,
-    difference, plan_cluster,
-};
+mod rerun;
+mod source;
 
-const LIST_CLUSTERS: &str = include_str!("../../cql/list_clusters.cql");
-const READ_OLD: &str = include_str!("../../cql/migrate_read_old.cql");
-const OLD_HEARTBEATS: &str = include_str!("../../cql/migrate_old_heartbeats.cql");
-const OLD_HEARTBEAT_VALUES: &str = include_str!("../../cql/migrate_old_heartbeat_values.cql");
-const WRITE_ENTRY: &str = include_str!("../../cql/migrate_write_entry.cql");
-const WRITE_HEARTBEAT: &str = include_str!("../../cql/migrate_write_heartbeat.cql");
-const WRITE_VERSION: &str = include_str!("../../cql/migrate_write_version.cql");
+use plan::{CopyWrite, plan_cluster};
 
 /// How long a cluster must have been quiet (no heartbeat, no membership write) before it is
-/// copied: twice the default I-am-alive publish period (30 s). Migration is offline.
-pub const DEFAULT_MIGRATION_QUIET_FOR: Duration = Duration::from_secs(60);
-
-/// Statements per copy batch: one partition's batch is one mutation, and ~60 entries stay well
-/// under Cassandra's `batch_size_fail_threshold` (50 KiB by default).
-const BATCH_STATEMENTS: usize = 60;
+/// copied: 2 minutes. Migration is offline, and a silo that stopped writing may still serve until
+/// it fences (63 s after its last successful heartbeat with the defaults) and counts as alive to
+/// the others until the detection horizon (90 s): a window shorter than these would take a silo
+/// that is still serving for a stopped one.
+pub const DEFAULT_MIGRATION_QUIET_FOR: Duration = Duration::from_secs(120);
 
 /// What [`CassandraMembershipTable::migrate_to`] copies, and how carefully.
 #[derive(Clone, Debug)]
@@ -137,7 +116,10 @@ pub struct MigrationReport {
 }
 
 impl MigrationReport {
-    /// True when every cluster was copied and read back equal.
+    /// True when every cluster was copied and read back equal, or was not copied again because
+    /// its silos already wrote on the target ([`Verification::TargetMovedOn`]). False for a
+    /// dry run, a refused run, a mismatch, and a source that changed since an earlier copy
+    /// ([`Verification::SourceChanged`]).
     pub fn all_verified(&self) -> bool {
         self.clusters.iter().all(|c| {
             matches!(
@@ -206,86 +188,16 @@ pub enum Verification {
     Verified,
     /// It did not: what differs (or why the read failed).
     Mismatch(String),
-    /// Not copied again: the target's version moved on since an earlier copy (silos wrote
-    /// there), and a copy could bring back what they removed.
+    /// Not copied again: the target holds a cell written later than every cell of the source,
+    /// so its silos wrote there after an earlier copy, and a copy could bring back what they
+    /// removed. The migration of this cluster is done.
     TargetMovedOn,
-}
-
-/// The values of one statement of a copy batch.
-enum CopyValues<'a> {
-    Entry(EntryCopyValues<'a>),
-    Heartbeat(HeartbeatCopyValues<'a>),
-    Version(VersionCopyValues<'a>),
-}
-
-/// `migrate_write_entry.cql`.
-#[derive(scylla::SerializeRow)]
-struct EntryCopyValues<'a> {
-    #[scylla(flatten)]
-    entry: EntryValues<'a>,
-    write_time_micros: i64,
-}
-
-/// `migrate_write_heartbeat.cql`.
-#[derive(scylla::SerializeRow)]
-struct HeartbeatCopyValues<'a> {
-    ttl: i32,
-    write_time_micros: i64,
-    heartbeat: StoredHeartbeat,
-    service_id: &'a str,
-    cluster_id: &'a str,
-    silo: &'a str,
-}
-
-/// `migrate_write_version.cql`.
-#[derive(scylla::SerializeRow)]
-struct VersionCopyValues<'a> {
-    ttl: i32,
-    write_time_micros: i64,
-    version: i64,
-    version_etag: Uuid,
-    service_id: &'a str,
-    cluster_id: &'a str,
-}
-
-impl SerializeRow for CopyValues<'_> {
-    fn serialize(
-        &self,
-        ctx: &RowSerializationContext<'_>,
-        writer: &mut RowWriter,
-    ) -> std::result::Result<(), scylla::serialize::SerializationError> {
-        match self {
-            CopyValues::Entry(v) => v.serialize(ctx, writer),
-            CopyValues::Heartbeat(v) => v.serialize(ctx, writer),
-            CopyValues::Version(v) => v.serialize(ctx, writer),
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        false
-    }
-}
-
-/// The migration's reads of the source.
-struct SourceStatements {
-    list_clusters: PreparedStatement,
-    read_old: PreparedStatement,
-    /// With write times (`true`), or the values-only fallback (`false`).
-    old_heartbeats: (PreparedStatement, bool),
-}
-
-/// The migration's writes of the target.
-struct TargetStatements {
-    write_entry: PreparedStatement,
-    write_heartbeat: PreparedStatement,
-    write_version: PreparedStatement,
-}
-
-fn commit_level(profile: ConsistencyProfile) -> Consistency {
-    match profile {
-        ConsistencyProfile::Quorum => Consistency::Quorum,
-        ConsistencyProfile::LocalQuorum => Consistency::LocalQuorum,
-    }
+    /// Not copied, **not verified**: the target holds a copy of the source as it was at an
+    /// earlier run (another version, or none), and the source has changed since (its silos ran
+    /// on it again, its version expired). Writing over that copy cannot take back what was
+    /// removed since, so it is left as it is: copy into a new table. The reason, for the
+    /// operator.
+    SourceChanged(String),
 }
 
 impl CassandraMembershipTable {
@@ -293,13 +205,17 @@ impl CassandraMembershipTable {
     /// with these options but for its name), cluster by cluster, and reads every copied cluster
     /// back through the provider to verify it. Offline: the clusters' silos must be stopped (a
     /// cluster active within `plan.quiet_for` refuses the whole run, writing nothing, unless
-    /// `plan.force`). Idempotent and resumable: see the guide's migration page. This table is
-    /// never written.
+    /// `plan.force`). Idempotent and resumable: a cluster the target already holds is copied
+    /// again only when the target holds the source's current version and nothing newer than the
+    /// source (see [`Verification`] and the guide's migration page). This table is never
+    /// written.
     ///
     /// Errors: [`MembershipError::SchemaMismatch`] when this table is not of the 0.2 shape (or
     /// missing), [`MembershipError::TableNeedsMigration`] when the target is, an
     /// [`MembershipError::InvalidConfiguration`] for a bad target name; storage errors as every
-    /// operation. A failure part-way leaves a partial copy that a new run completes.
+    /// operation, including the read of what the target holds of a cluster (the run stops there
+    /// rather than copy without knowing). A failure part-way leaves a partial copy that a new
+    /// run completes, as long as the source does not change meanwhile.
     #[instrument(level = "info", skip(self, plan), fields(source = %self.shared.qualified, target = %plan.to_table, dry_run = plan.dry_run, clusters))]
     pub async fn migrate_to(&self, plan: &MigrationPlan) -> Result<MigrationReport> {
         let o = self.options();
@@ -391,8 +307,9 @@ impl CassandraMembershipTable {
             target_options,
             self.shared.host_session,
         )?;
-        // Creates the table (with the options' TTL and gc_grace) and checks its shape.
-        target.initialize(false).await?;
+        // Creates the table (with the options' TTL and gc_grace) and checks its shape; no TTL
+        // policy is applied: a copy's TTLs are the source's by design.
+        target.set_up_copy_target().await?;
         info!(
             elapsed_ms = started.elapsed().as_millis() as u64,
             "target table ready"
@@ -425,374 +342,5 @@ impl CassandraMembershipTable {
             self.copy_cluster(&writes, &table, cluster, &copy).await?;
         }
         Ok(report)
-    }
-
-    /// Writes one cluster's copy and reads it back.
-    #[instrument(level = "info", skip_all, fields(service = %cluster.service_id, cluster = %cluster.cluster_id, entries = cluster.entries_copied, resumed))]
-    async fn copy_cluster(
-        &self,
-        st: &TargetStatements,
-        target: &CassandraMembershipTable,
-        cluster: &mut ClusterMigration,
-        copy: &ClusterCopy,
-    ) -> Result<()> {
-        // What an earlier run already copied (a read that fails, e.g. on a copy stopped after
-        // the entries, counts nothing).
-        if let Ok(before) = target.read_all().await {
-            cluster.already_present = copy
-                .expected
-                .rows
-                .iter()
-                .filter(|r| before.get(&r.entry.address) == Some(r))
-                .count();
-        }
-        // A target whose version moved on was written by silos since (an earlier run finished):
-        // copying again could bring back what they removed once its tombstones are purged.
-        if let Ok(before) = target.read_all().await
-            && before.version != TableVersion::absent()
-            && before.version.etag != copy.expected.version.etag
-        {
-            warn!(service = %cluster.service_id, cluster = %cluster.cluster_id,
-                "the target's version moved on since an earlier copy: not copied again");
-            cluster.verification = Verification::TargetMovedOn;
-            return Ok(());
-        }
-        Span::current().record("resumed", cluster.resumed());
-        let started = Instant::now();
-        let pk = Pk {
-            service_id: &cluster.service_id,
-            cluster_id: &cluster.cluster_id,
-        };
-        // The version first: a copy stopped part-way never holds entries without a version.
-        for chunk in copy.writes.chunks(BATCH_STATEMENTS) {
-            let mut batch = Batch::new(BatchType::Unlogged);
-            let mut values = Vec::with_capacity(chunk.len());
-            for w in chunk {
-                let (statement, v) = match w {
-                    CopyWrite::Version {
-                        version,
-                        version_etag,
-                        written,
-                        ttl,
-                    } => (
-                        &st.write_version,
-                        CopyValues::Version(VersionCopyValues {
-                            ttl: *ttl,
-                            write_time_micros: *written,
-                            version: *version,
-                            version_etag: *version_etag,
-                            service_id: pk.service_id,
-                            cluster_id: pk.cluster_id,
-                        }),
-                    ),
-                    CopyWrite::Entry {
-                        silo,
-                        entry,
-                        etag,
-                        written,
-                        ttl,
-                    } => (
-                        &st.write_entry,
-                        CopyValues::Entry(EntryCopyValues {
-                            entry: EntryValues::new(pk, entry, silo, *etag, *ttl),
-                            write_time_micros: *written,
-                        }),
-                    ),
-                    CopyWrite::Heartbeat {
-                        silo,
-                        value,
-                        written,
-                        ttl,
-                    } => (
-                        &st.write_heartbeat,
-                        CopyValues::Heartbeat(HeartbeatCopyValues {
-                            ttl: *ttl,
-                            write_time_micros: *written,
-                            heartbeat: *value,
-                            service_id: pk.service_id,
-                            cluster_id: pk.cluster_id,
-                            silo,
-                        }),
-                    ),
-                };
-                batch.append_statement(statement.clone());
-                values.push(v);
-            }
-            self.prepare_batch(&mut batch);
-            self.session()
-                .batch(&batch, values)
-                .await
-                .map_err(|e| to_error("migrate", e))?;
-        }
-        let written = started.elapsed();
-        // The batches after the version's took `written`: their cells' TTLs count from later,
-        // so the version, written first, is written again to outlive them by as much (same
-        // value, same timestamp: the later expiry wins).
-        if let Some(CopyWrite::Version {
-            version,
-            version_etag,
-            written: stamp,
-            ttl,
-        }) = copy
-            .writes
-            .iter()
-            .find(|w| matches!(w, CopyWrite::Version { .. }))
-            && *ttl > 0
-            && copy.writes.len() > BATCH_STATEMENTS
-        {
-            let extra = i32::try_from(written.as_secs() + 2).unwrap_or(i32::MAX);
-            let mut batch = Batch::new(BatchType::Unlogged);
-            batch.append_statement(st.write_version.clone());
-            self.prepare_batch(&mut batch);
-            let values = vec![CopyValues::Version(VersionCopyValues {
-                ttl: ttl.saturating_add(extra),
-                write_time_micros: *stamp,
-                version: *version,
-                version_etag: *version_etag,
-                service_id: pk.service_id,
-                cluster_id: pk.cluster_id,
-            })];
-            self.session()
-                .batch(&batch, values)
-                .await
-                .map_err(|e| to_error("migrate", e))?;
-        }
-        cluster.verification = match target.read_all().await {
-            Ok(actual) => match difference(&copy.expected, &actual) {
-                None => Verification::Verified,
-                Some(d) => Verification::Mismatch(d),
-            },
-            Err(e) => Verification::Mismatch(format!("the copy does not read back: {e}")),
-        };
-        info!(
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            written_ms = written.as_millis() as u64,
-            heartbeats = cluster.heartbeats_copied,
-            verification = ?cluster.verification,
-            "cluster copied"
-        );
-        Ok(())
-    }
-
-    fn prepare_batch(&self, batch: &mut Batch) {
-        let o = self.options();
-        batch.set_consistency(commit_level(o.consistency));
-        batch.set_request_timeout(Some(o.request_timeout));
-        batch.set_execution_profile_handle(self.shared.routing.clone());
-        // Every statement is stamped with its own timestamp: repeating the batch is harmless.
-        batch.set_is_idempotent(true);
-        batch.set_retry_policy(Some(std::sync::Arc::new(ProviderRetryPolicy(
-            StatementKind::Idempotent,
-        ))));
-    }
-
-    /// The source must have the 0.2 shape: anything else is not this migration's to read.
-    async fn check_old_shape(&self) -> Result<()> {
-        let o = self.options();
-        let rows = self
-            .query_bounded(
-                "SELECT column_name, kind FROM system_schema.columns \
-                 WHERE keyspace_name = ? AND table_name = ?",
-                (&o.keyspace, &o.table),
-            )
-            .await
-            .map_err(|e| to_error("migrate", e))?
-            .into_rows_result()
-            .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?;
-        let mut kinds = BTreeMap::new();
-        for row in rows
-            .rows::<(Option<String>, Option<String>)>()
-            .map_err(|e| MembershipError::corrupt(None, format!("system_schema read: {e}")))?
-        {
-            if let Ok((Some(name), Some(kind))) = row {
-                kinds.insert(name, kind);
-            }
-        }
-        let mismatch = |detail: String| MembershipError::SchemaMismatch {
-            table: self.shared.qualified.clone(),
-            detail,
-        };
-        if kinds.is_empty() {
-            if !self.keyspace_exists().await? {
-                return Err(MembershipError::KeyspaceMissing {
-                    keyspace: o.keyspace.clone(),
-                });
-            }
-            return Err(mismatch("the table to migrate does not exist".into()));
-        }
-        if kinds.contains_key("entry") {
-            return Err(mismatch(
-                "the table already has the current shape: there is nothing to migrate".into(),
-            ));
-        }
-        let statics = ["version", "version_etag", "heartbeats"];
-        let regular = [
-            "etag",
-            "status",
-            "suspect_times",
-            "proxy_port",
-            "host_name",
-            "silo_name",
-            "role_name",
-            "update_zone",
-            "fault_zone",
-            "start_time",
-            "i_am_alive",
-        ];
-        let problems: Vec<String> = statics
-            .iter()
-            .map(|c| (c, "static"))
-            .chain(regular.iter().map(|c| (c, "regular")))
-            .filter(|(c, kind)| kinds.get(**c).map(String::as_str) != Some(*kind))
-            .map(|(c, kind)| format!("no {kind} column {c}"))
-            .collect();
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(mismatch(format!(
-                "not a table of the cassandra-membership 0.2 shape: {}",
-                problems.join(", ")
-            )))
-        }
-    }
-
-    async fn prepare(
-        &self,
-        cql: &str,
-        table: &str,
-    ) -> std::result::Result<PreparedStatement, PrepareFailure> {
-        let o = self.options();
-        let session: &Session = self.session();
-        let mut p =
-            tokio::time::timeout(o.request_timeout, session.prepare(bind_table(cql, table)))
-                .await
-                .map_err(|_| PrepareFailure::Timeout)??;
-        p.set_consistency(commit_level(o.consistency));
-        p.set_request_timeout(Some(o.request_timeout));
-        p.set_execution_profile_handle(self.shared.routing.clone());
-        p.set_page_size(i32::try_from(o.page_size).unwrap_or(i32::MAX));
-        // Reads, and writes stamped with their own timestamps: all repeatable.
-        p.set_is_idempotent(true);
-        p.set_retry_policy(Some(std::sync::Arc::new(ProviderRetryPolicy(
-            StatementKind::Idempotent,
-        ))));
-        Ok(p)
-    }
-
-    async fn prepare_source(&self) -> Result<SourceStatements> {
-        let table = self.shared.qualified.clone();
-        let fail = |e| prepare_error(&table, e);
-        let old_heartbeats = match self.prepare(OLD_HEARTBEATS, &table).await {
-            Ok(p) => (p, true),
-            // Before 5.0 a map element's write time cannot be selected.
-            Err(PrepareFailure::Refused(e)) if prepare_refused_statement(&e) => {
-                warn!(error = %e, "the server cannot report heartbeat write times: dating each by its I-am-alive time");
-                let values = self.prepare(OLD_HEARTBEAT_VALUES, &table).await;
-                (values.map_err(fail)?, false)
-            }
-            Err(e) => return Err(fail(e)),
-        };
-        Ok(SourceStatements {
-            list_clusters: self.prepare(LIST_CLUSTERS, &table).await.map_err(fail)?,
-            read_old: self.prepare(READ_OLD, &table).await.map_err(fail)?,
-            old_heartbeats,
-        })
-    }
-
-    async fn prepare_target(&self, target: &str) -> Result<TargetStatements> {
-        let fail = |e| prepare_error(target, e);
-        Ok(TargetStatements {
-            write_entry: self.prepare(WRITE_ENTRY, target).await.map_err(fail)?,
-            write_heartbeat: self.prepare(WRITE_HEARTBEAT, target).await.map_err(fail)?,
-            write_version: self.prepare(WRITE_VERSION, target).await.map_err(fail)?,
-        })
-    }
-
-    async fn list_old_clusters(&self, st: &SourceStatements) -> Result<Vec<(String, String)>> {
-        let mut out = Vec::new();
-        let mut paging = PagingState::start();
-        loop {
-            let (result, next) = self
-                .read_page("migrate", &st.list_clusters, (), paging, false, Scan::Table)
-                .await?;
-            let rows = result
-                .into_rows_result()
-                .map_err(|e| MembershipError::corrupt(None, format!("cluster listing: {e}")))?;
-            for row in rows
-                .rows::<(Option<String>, Option<String>)>()
-                .map_err(|e| self.shape_error(e))?
-            {
-                if let (Some(s), Some(c)) = row.map_err(|e| self.shape_error(e))? {
-                    out.push((s, c));
-                }
-            }
-            match next {
-                PagingStateResponse::HasMorePages { state } => paging = state,
-                PagingStateResponse::NoMorePages => return Ok(out),
-            }
-        }
-    }
-
-    /// One old partition: its rows (paged, plain) and its heartbeat elements with their dates.
-    async fn read_old_partition(&self, st: &SourceStatements, pk: Pk<'_>) -> Result<OldPartition> {
-        let mut out = OldPartition::default();
-        let mut paging = PagingState::start();
-        let mut scan = Scan::Whole(pk);
-        loop {
-            let (result, next) = self
-                .read_page("migrate", &st.read_old, pk, paging, false, scan)
-                .await?;
-            scan = Scan::Part(pk);
-            let rows = result
-                .into_rows_result()
-                .map_err(|e| MembershipError::corrupt(None, format!("old partition read: {e}")))?;
-            for row in rows.rows::<OldRow>().map_err(|e| self.shape_error(e))? {
-                out.rows.push(row.map_err(|e| self.shape_error(e))?);
-            }
-            match next {
-                PagingStateResponse::HasMorePages { state } => paging = state,
-                PagingStateResponse::NoMorePages => break,
-            }
-        }
-        let (statement, with_dates) = &st.old_heartbeats;
-        let result = self
-            .exec_read("migrate", statement, pk, false, Scan::Part(pk))
-            .await?;
-        if *with_dates {
-            if let Some(row) = self.first_row::<OldHeartbeatsRow>(result, None, "heartbeat read")? {
-                let written = row.written.unwrap_or_default();
-                let ttls = row.ttls.unwrap_or_default();
-                // Cassandra lists write times and TTLs in the map's key order (UTF-8 byte order,
-                // the order of a BTreeMap of Strings).
-                for (i, (key, value)) in row.heartbeats.unwrap_or_default().into_iter().enumerate()
-                {
-                    let dated = Dated {
-                        value,
-                        written: written.get(i).copied().flatten(),
-                        ttl: ttls.get(i).copied().flatten(),
-                    };
-                    out.heartbeats.insert(key, dated);
-                }
-            }
-        } else {
-            out.heartbeats_dated_by_value = true;
-            if let Some(row) =
-                self.first_row::<OldHeartbeatValuesRow>(result, None, "heartbeat read")?
-            {
-                for (key, value) in row.heartbeats.unwrap_or_default() {
-                    // Every heartbeat of the old provider was stamped with its I-am-alive time.
-                    let written = value.1.map(|t| t.0.saturating_mul(1000));
-                    out.heartbeats.insert(
-                        key,
-                        Dated {
-                            value,
-                            written,
-                            ttl: None,
-                        },
-                    );
-                }
-            }
-        }
-        Ok(out)
     }
 }

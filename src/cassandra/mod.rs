@@ -1,4 +1,13 @@
-//! The membership table on Apache Cassandra / ScyllaDB: the type, construction, the trait impl.
+//! The membership table on Apache Cassandra / ScyllaDB.
+//!
+//! The table and its options are also at the crate root ([`CassandraMembershipTable`],
+//! [`CassandraClusteringOptions`], …). Here besides: what the operators' calls return — the
+//! TTL audit ([`TtlAudit`], [`RowAudit`], [`PatchAction`]), inspection ([`ClusterInspection`],
+//! [`EntryInspection`]), the offline migration ([`MigrationPlan`], [`MigrationReport`], …),
+//! statement counts ([`StatementCounts`]) —, the schema a DBA creates ([`SchemaScript`]) and the
+//! TTL limits ([`MAX_TTL_SECONDS`], [`EXPIRY_HORIZON_UNIX_SECONDS`]).
+//!
+//! ## How the code is laid out
 //!
 //! The [`MembershipTable`] impl delegates to one module per responsibility. Layout (see
 //! `cql/create_table.cql`): one partition per (service id, cluster id). The table
@@ -13,7 +22,7 @@
 //!   `resolve.rs` (ambiguous write outcomes, the fence), `lease.rs` (`update_i_am_alive`),
 //!   `cleanup.rs` (`cleanup_defunct`, `delete_cluster`), `version.rs` (the version's TTL and
 //!   recovery), `expiry.rs` (TTL audit and patch), `inspect.rs` (operators' reads),
-//!   `migrate.rs` (the offline copy of a 0.2-shape table, `cql/migrate_*.cql`);
+//!   `migrate.rs` and `migrate/` (the offline copy of a 0.2-shape table, `cql/migrate_*.cql`);
 //! - the heartbeat cell: `heartbeats.rs`;
 //! - sending: `exec.rs` (counts, read retry, plain and conditional sends), `statements.rs`
 //!   (preparing `cql/`), `retry.rs` (the driver retry policy), `errors.rs` (driver errors);
@@ -24,6 +33,7 @@ mod bind;
 mod cleanup;
 use cleanup::Defunct;
 mod datacenter;
+mod ddl;
 mod decode;
 mod errors;
 mod etags;
@@ -37,6 +47,7 @@ mod options;
 mod read;
 mod resolve;
 mod retry;
+mod routing;
 mod schema;
 mod schema_lag;
 mod statements;
@@ -57,6 +68,7 @@ use scylla::client::session_builder::SessionBuilder;
 use tokio::sync::OnceCell;
 use tracing::instrument;
 
+pub use ddl::SchemaScript;
 pub use exec::StatementCounts;
 pub use expiry::{PatchAction, RowAudit, TtlAudit};
 pub use inspect::{ClusterInspection, EntryInspection};
@@ -110,7 +122,7 @@ struct Shared {
     host_session: bool,
     options: CassandraClusteringOptions,
     qualified: String,
-    /// The profile every statement carries when `local_datacenter` is set (datacenter.rs).
+    /// The profile every statement carries when `serial_datacenter` is set (datacenter.rs).
     routing: Option<scylla::client::execution_profile::ExecutionProfileHandle>,
     statements: OnceCell<Statements>,
     counters: Counters,
@@ -194,7 +206,14 @@ impl CassandraMembershipTable {
             .known_nodes(&options.contact_points)
             .connection_timeout(per_connection);
         if let Some(c) = &options.credentials {
-            builder = builder.user(c.username.clone(), c.password.clone());
+            use secrecy::ExposeSecret;
+            // A password file is read off the runtime's threads (a slow mount, or a FIFO a
+            // secrets agent fills, must not stall other tasks).
+            let source = c.clone();
+            let password = tokio::task::spawn_blocking(move || source.password())
+                .await
+                .map_err(|e| MembershipError::config("credentials", e.to_string()))??;
+            builder = builder.user(c.username.clone(), password.expose_secret());
         }
         if let Some(filter) = datacenter::host_filter(&options) {
             builder = builder.host_filter(filter);
@@ -206,19 +225,9 @@ impl CassandraMembershipTable {
         // The driver's error text never holds the password; it names nodes and causes.
         let session = match built {
             Ok(Ok(session)) => session,
-            Ok(Err(e)) if errors::session_access_denied(&e) => {
-                return Err(MembershipError::AccessDenied {
-                    operation: "connect",
-                    user: options.credentials.as_ref().map(|c| c.username.clone()),
-                    host_session: false,
-                    source: Box::new(e),
-                });
-            }
             Ok(Err(e)) => {
-                return Err(MembershipError::Unavailable {
-                    operation: "connect",
-                    source: Box::new(e),
-                });
+                let user = options.credentials.as_ref().map(|c| c.username.clone());
+                return Err(errors::session_error(e, user));
             }
             Err(elapsed) => {
                 return Err(MembershipError::Unavailable {
@@ -307,7 +316,7 @@ impl CassandraMembershipTable {
     /// and again once a whole-partition read scanned fewer. Exported as the gauge
     /// `membership_table_tombstones_scanned` (feature `metrics`) and shown by
     /// `cassandra-membership clusters`: the distance to the cliff where reads fail with
-    /// [`MembershipError::TooManyTombstones`](crate::MembershipError::TooManyTombstones).
+    /// [`MembershipError::TooManyTombstones`].
     pub fn tombstones_scanned(&self) -> Option<u64> {
         self.shared.tombstones.get(self.pk())
     }

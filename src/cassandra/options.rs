@@ -1,7 +1,6 @@
 //! Provider options for the Cassandra membership table.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -10,6 +9,13 @@ use crate::error::{MembershipError, Result};
 use crate::options::MembershipOptions;
 
 use super::tls::TlsOptions;
+
+mod credentials;
+mod names;
+
+pub use credentials::Credentials;
+use names::{valid_datacenter, validate_identity};
+pub(crate) use names::{validate_identifier, validate_value};
 
 /// Cassandra's largest TTL (20 years).
 pub const MAX_TTL_SECONDS: u64 = 630_720_000;
@@ -60,26 +66,6 @@ pub enum TtlMismatchPolicy {
     /// Alter the table default and rewrite every row to expire as if the configured TTL had
     /// always applied.
     Patch,
-}
-
-/// Username and password for the cluster. The password never appears in `Debug` output,
-/// logs or errors.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Credentials {
-    /// The role name.
-    pub username: String,
-    /// The password.
-    pub password: String,
-}
-
-impl fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Credentials")
-            .field("username", &self.username)
-            .field("password", &"<redacted>")
-            .finish()
-    }
 }
 
 /// Options of [`crate::CassandraMembershipTable`].
@@ -139,16 +125,20 @@ pub struct CassandraClusteringOptions {
     pub cluster_id: String,
     /// Consistency levels. Default [`ConsistencyProfile::Quorum`].
     pub consistency: ConsistencyProfile,
-    /// The data centre whose nodes coordinate every statement: with
+    /// The cluster's serial data centre: the DC whose nodes coordinate every statement. With
     /// [`ConsistencyProfile::LocalQuorum`] (where it is required) the DC whose replicas decide
     /// every Paxos round and commit, with no failover to another DC, and the only DC `connect`
-    /// keeps connection pools to; with `quorum` the DC tried first, others after it. Under
-    /// `local_quorum` it is the cluster's serial DC, not "the DC this process runs in": **every
-    /// silo of one cluster names the same DC**, or two silos can both win one compare-and-set
-    /// ([`docs::consistency`](crate::docs::consistency)). The name as the cluster reports it
-    /// (`nodetool status`, e.g. `dc1`). Default: none (the session's own load balancing;
-    /// `quorum` only).
-    pub local_datacenter: Option<String>,
+    /// keeps connection pools to; with `quorum` the DC tried first, others after it. It is
+    /// **not** "the DC this process runs in" (what the drivers call the local DC): **every silo
+    /// of one cluster names the same DC**, wherever it runs, or two silos can both win one
+    /// compare-and-set ([`docs::consistency`](crate::docs::consistency)). The name as the
+    /// cluster reports it (`nodetool status`, e.g. `dc1`). Default: none (the session's own load
+    /// balancing; `quorum` only).
+    ///
+    /// Called `local_datacenter` up to 0.2: that name is still read from a config file
+    /// (deprecated; a file that names both is refused as a duplicate field).
+    #[serde(alias = "local_datacenter")]
+    pub serial_datacenter: Option<String>,
     /// Client-side timeout of each statement. Default 10 s.
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
@@ -163,7 +153,9 @@ pub struct CassandraClusteringOptions {
     pub schema_timeout: Duration,
     /// Rows per page when reading a cluster. Default 1000.
     pub page_size: u32,
-    /// Credentials; default none.
+    /// Credentials: a role and its password, given inline or read by `connect` from an
+    /// environment variable (`password_env`) or a file (`password_file`); see [`Credentials`].
+    /// Default none.
     pub credentials: Option<Credentials>,
     /// TLS to the nodes, built by `connect` into a rustls configuration (crate feature
     /// `rustls`); see [`TlsOptions`]. Default: none (plain TCP). Ignored by `connect_tls`
@@ -203,7 +195,7 @@ impl Default for CassandraClusteringOptions {
             service_id: String::new(),
             cluster_id: String::new(),
             consistency: ConsistencyProfile::Quorum,
-            local_datacenter: None,
+            serial_datacenter: None,
             request_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
             schema_timeout: Duration::from_secs(30),
@@ -260,10 +252,20 @@ impl CassandraClusteringOptions {
         self
     }
 
-    /// Sets the data centre that coordinates every statement (see the field's docs).
-    pub fn local_datacenter(mut self, datacenter: impl Into<String>) -> Self {
-        self.local_datacenter = Some(datacenter.into());
+    /// Sets the cluster's serial data centre ([`serial_datacenter`](Self::serial_datacenter)):
+    /// the same on every silo of the cluster.
+    pub fn serial_datacenter(mut self, datacenter: impl Into<String>) -> Self {
+        self.serial_datacenter = Some(datacenter.into());
         self
+    }
+
+    /// The old name of [`serial_datacenter`](Self::serial_datacenter).
+    #[deprecated(
+        since = "0.3.0",
+        note = "it names the cluster's serial DC, not this process's DC: use `serial_datacenter`"
+    )]
+    pub fn local_datacenter(self, datacenter: impl Into<String>) -> Self {
+        self.serial_datacenter(datacenter)
     }
 
     /// Sets the request timeout.
@@ -286,10 +288,7 @@ impl CassandraClusteringOptions {
 
     /// Sets the credentials.
     pub fn credentials(mut self, username: impl Into<String>, password: impl Into<String>) -> Self {
-        self.credentials = Some(Credentials {
-            username: username.into(),
-            password: password.into(),
-        });
+        self.credentials = Some(Credentials::new(username, password));
         self
     }
 
@@ -395,6 +394,9 @@ impl CassandraClusteringOptions {
         validate_identifier("table", &self.table)?;
         validate_identity("service_id", &self.service_id)?;
         validate_identity("cluster_id", &self.cluster_id)?;
+        if let Some(c) = &self.credentials {
+            c.validate()?;
+        }
         if self.contact_points.is_empty() {
             return Err(MembershipError::config(
                 "contact_points",
@@ -407,10 +409,10 @@ impl CassandraClusteringOptions {
                 format!("empty contact point {p:?}"),
             ));
         }
-        match (&self.local_datacenter, self.consistency) {
+        match (&self.serial_datacenter, self.consistency) {
             (None, ConsistencyProfile::LocalQuorum) => {
                 return Err(MembershipError::config(
-                    "local_datacenter",
+                    "serial_datacenter",
                     "consistency = \"local_quorum\" needs the data centre whose replicas decide the \
                      cluster's rounds: without it, statements go to nodes of any DC and two silos can \
                      both win one compare-and-set in different DCs",
@@ -418,7 +420,7 @@ impl CassandraClusteringOptions {
             }
             (Some(dc), _) if !valid_datacenter(dc) => {
                 return Err(MembershipError::config(
-                    "local_datacenter",
+                    "serial_datacenter",
                     format!(
                         "{dc:?}: a data centre name is 1 to 128 printable characters, without \
                          surrounding spaces"
@@ -543,58 +545,6 @@ impl CassandraClusteringOptions {
 
 pub(crate) fn ceil_seconds(d: Duration) -> u64 {
     d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
-}
-
-/// Keyspace and table names: what Cassandra accepts unquoted, so quoting never changes meaning.
-pub(crate) fn validate_identifier(option: &str, name: &str) -> Result<()> {
-    let mut chars = name.chars();
-    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic());
-    if !first_ok || name.len() > 48 || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-    {
-        return Err(MembershipError::config(
-            option,
-            format!(
-                "{:?} is not a valid name: use 1 to 48 letters, digits or '_', starting with a letter",
-                name.chars().take(64).collect::<String>()
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// The service id and the cluster id: set, with no default to fall back on.
-fn validate_identity(option: &str, value: &str) -> Result<()> {
-    if value.is_empty() {
-        return Err(MembershipError::config(
-            option,
-            format!(
-                "not set: there is no default, every process names its cluster \
-                 (`{option} = \"...\"` in a config file, `.{option}(..)` in code)"
-            ),
-        ));
-    }
-    validate_value(option, value)
-}
-
-pub(crate) fn validate_value(option: &str, value: &str) -> Result<()> {
-    if value.trim().is_empty() {
-        return Err(MembershipError::config(
-            option,
-            "must not be empty or only whitespace",
-        ));
-    }
-    if value.len() > 1024 {
-        return Err(MembershipError::config(
-            option,
-            "must be at most 1024 bytes",
-        ));
-    }
-    Ok(())
-}
-
-/// A DC name as Cassandra reports it: any printable text (the snitch takes it verbatim).
-fn valid_datacenter(dc: &str) -> bool {
-    !dc.is_empty() && dc.len() <= 128 && dc.trim() == dc && !dc.chars().any(char::is_control)
 }
 
 #[cfg(test)]

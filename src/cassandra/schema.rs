@@ -19,12 +19,36 @@ use crate::error::{MembershipError, Result};
 /// How long `initialize` asks again before it reports a missing keyspace.
 const KEYSPACE_SETTLE: Duration = Duration::from_secs(3);
 
+/// How many times `initialize` writes a version that is still missing after an ambiguous write.
+const INIT_VERSION_ATTEMPTS: u32 = 4;
+
+/// What a set-up prepares.
+#[derive(Clone, Copy, Debug)]
+enum SetUp {
+    /// A silo's `initialize`: the schema, the TTL audit, the cluster's version if asked.
+    Silo { try_init_version: bool },
+    /// A migration's target: the schema alone.
+    CopyTarget,
+}
+
 /// The schema-check detail for a table whose columns are not (yet) listed.
 const NO_COLUMNS: &str = "the table has no columns (yet)";
 
 impl CassandraMembershipTable {
     /// `initialize`: the schema, the TTL reconciliation, then the cluster's version if asked.
     pub(super) async fn initialize_cluster(&self, try_init_version: bool) -> Result<()> {
+        self.set_up(SetUp::Silo { try_init_version }).await
+    }
+
+    /// A migration's target: the table created if missing and its shape checked, as
+    /// `initialize` does, but no TTL audit — the cells a migration copies keep the source's
+    /// TTLs by design, so the silos' policy (`throw`, `patch`) must not judge or rewrite them —
+    /// and no version.
+    pub(super) async fn set_up_copy_target(&self) -> Result<()> {
+        self.set_up(SetUp::CopyTarget).await
+    }
+
+    async fn set_up(&self, what: SetUp) -> Result<()> {
         // Every step is idempotent (IF NOT EXISTS, a conditional version insert, an audit), so a
         // passing failure — `Unavailable`, `Timeout`, or a schema lag (`schema_lag.rs`: a node
         // that has not applied the keyspace, entry type or table another node has, in whatever
@@ -40,7 +64,7 @@ impl CassandraMembershipTable {
         let lagging = started + o.schema_timeout;
         let mut attempt = 0u32;
         loop {
-            let e = match self.initialize_once(try_init_version).await {
+            let e = match self.initialize_once(what).await {
                 Err(e) => e,
                 ok => return ok,
             };
@@ -86,7 +110,7 @@ impl CassandraMembershipTable {
         }
     }
 
-    async fn initialize_once(&self, try_init_version: bool) -> Result<()> {
+    async fn initialize_once(&self, what: SetUp) -> Result<()> {
         self.ensure_schema().await?;
         // Another silo may have just created the table: its schema can be listed a moment before
         // the node serves it, so preparing is retried for a short while. (The keyspace was
@@ -104,6 +128,9 @@ impl CassandraMembershipTable {
                 Err(e) => return Err(e),
             }
         };
+        let SetUp::Silo { try_init_version } = what else {
+            return Ok(());
+        };
         let version_present = self.reconcile_ttl().await?;
         // A version seen by the serial read above needs no conditional insert: skipping it spares
         // every silo after the first a Paxos round that races the joins of the others. (Should
@@ -112,31 +139,44 @@ impl CassandraMembershipTable {
         if !try_init_version || version_present {
             return Ok(());
         }
-        let values = InitVersionValues {
-            ttl: self.version_ttl(),
-            new_version_etag: Uuid::new_v4(),
-            service_id: self.service_id(),
-            cluster_id: &self.cluster_id,
-        };
-        match self
-            .conditional("initialize", &st.init_version, values)
-            .await?
-        {
-            outcome @ (Outcome::Applied | Outcome::NotApplied) => {
-                debug!(created = outcome.applied(), "table version initialized");
-                Ok(())
-            }
-            Outcome::Ambiguous(e) => {
-                // Either this write or another silo's created the version, or none did: look.
-                let statics = self.read_statics(self.pk()).await?;
-                if statics.version_etag.is_some() {
-                    Ok(())
-                } else {
-                    Err(MembershipError::OutcomeUnknown {
-                        operation: "initialize",
-                        detail: "the version is still missing after an ambiguous write".into(),
-                        source: e,
-                    })
+        // Silos starting at once duel over this one Paxos round; a duel times out (more so while
+        // a node is down and not yet convicted). A version still missing after an ambiguous
+        // write is written again: `IF NOT EXISTS` applies once whichever attempt lands (an
+        // older attempt's proposal completed later is ordered before the newer commit).
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let values = InitVersionValues {
+                ttl: self.version_ttl(),
+                new_version_etag: Uuid::new_v4(),
+                service_id: self.service_id(),
+                cluster_id: &self.cluster_id,
+            };
+            match self
+                .conditional("initialize", &st.init_version, values)
+                .await?
+            {
+                outcome @ (Outcome::Applied | Outcome::NotApplied) => {
+                    debug!(created = outcome.applied(), "table version initialized");
+                    return Ok(());
+                }
+                Outcome::Ambiguous(e) => {
+                    // Either this write or another silo's created the version, or none did:
+                    // look.
+                    let statics = self.read_statics(self.pk()).await?;
+                    if statics.version_etag.is_some() {
+                        return Ok(());
+                    }
+                    if attempt >= INIT_VERSION_ATTEMPTS {
+                        return Err(MembershipError::OutcomeUnknown {
+                            operation: "initialize",
+                            detail: "the version is still missing after an ambiguous write".into(),
+                            source: e,
+                        });
+                    }
+                    // Apart from the duelling silos, at a random point of up to 200 ms.
+                    let pause = Duration::from_millis(50 + rand::random::<u64>() % 150);
+                    tokio::time::sleep(pause).await;
                 }
             }
         }
@@ -145,7 +185,11 @@ impl CassandraMembershipTable {
     async fn ensure_schema(&self) -> Result<()> {
         let o = self.options();
         self.check_datacenter_known()?;
-        if let Some(replication) = &o.create_keyspace_with_replication {
+        // Only when it is missing: Cassandra checks CREATE permission before IF NOT EXISTS, so
+        // a role holding only the silo's grants would be refused on a keyspace the DBA made.
+        if let Some(replication) = &o.create_keyspace_with_replication
+            && !self.keyspace_exists().await?
+        {
             self.schema_change(create_keyspace_cql(&o.keyspace, replication))
                 .await?;
             self.await_schema_agreement().await?;
@@ -155,7 +199,7 @@ impl CassandraMembershipTable {
                 keyspace: o.keyspace.clone(),
             });
         }
-        self.check_local_datacenter().await?;
+        self.check_serial_datacenter().await?;
         if self.table_settings().await?.is_none() {
             // The entry type first: the table's `entry` column is of it.
             self.schema_change(create_entry_type_cql(&o.keyspace, &o.table))

@@ -9,8 +9,10 @@ use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::{Consistency, SerialConsistency};
 
+use super::errors::prepare_refused_statement;
 use super::options::{ConsistencyProfile, EntryConditions};
 use super::retry::{ProviderRetryPolicy, StatementKind};
+use super::routing::ConnectedFirst;
 
 pub(crate) const CREATE_KEYSPACE: &str = include_str!("../../cql/create_keyspace.cql");
 pub(crate) const CREATE_ENTRY_TYPE: &str = include_str!("../../cql/create_entry_type.cql");
@@ -181,6 +183,30 @@ impl Statements {
         conditions: EntryConditions,
     ) -> Result<Statements, PrepareFailure> {
         let (commit, serial) = levels(profile);
+        // Every statement carries the provider's profile: the DC routing (datacenter.rs), or the
+        // session's default, with a plan that never ends on an unreachable node (routing.rs).
+        let routing =
+            &connected_first(routing.unwrap_or(session.get_default_execution_profile_handle()));
+        // Idempotent statements (reads, plain deletes) unanswered after a quarter of their
+        // bound (the request timeout, or the runtime's call if shorter) are also sent to the
+        // next node: a paused coordinator keeps its connections open and never answers, and a
+        // read sent again only after a whole request timeout, to a node picked at random, may
+        // meet it again (one node of three SIGSTOPped, 3 of 19 `read_all` calls timed out
+        // twice). Whichever answer comes first counts; a healthy read answers long before and
+        // stays one statement. The quarter is of the call, not only of the request timeout:
+        // the driver holds an error it may retry elsewhere (a read failure: too many
+        // tombstones) until the next speculative send has had its turn, so an interval longer
+        // than the call turned every such error into the runtime's timeout.
+        let bound = request_timeout.min(heartbeat_call);
+        let speculated = &speculative(routing, bound, 4, 2, "reads");
+        // A serial read is a Paxos round: a speculative send of it competes with the first (and,
+        // still running after the first answered, with the caller's next conditional write).
+        // While a killed node is not yet convicted by gossip, Paxos v1 retries a contended round
+        // only once every replica it believes alive has answered, so contention there ends in a
+        // timeout (an uncontended write answered `false` under load). So a
+        // serial read is sent again only once, after half its bound: the paused coordinator it
+        // exists for never answers at all.
+        let serial_speculated = &speculative(routing, bound, 2, 1, "serial reads");
         let prep = |cql: &'static str, read_level: Consistency| {
             let text = bind_table(cql, qualified_table);
             async move {
@@ -192,7 +218,7 @@ impl Statements {
                 p.set_serial_consistency(Some(serial));
                 p.set_request_timeout(Some(request_timeout));
                 // Routing is the statement's, not the session's: see datacenter.rs.
-                p.set_execution_profile_handle(routing.cloned());
+                p.set_execution_profile_handle(Some(routing.clone()));
                 // Conditional writes are never idempotent: a retry could apply twice.
                 p.set_is_idempotent(false);
                 p.set_retry_policy(Some(retry_policy(StatementKind::Conditional)));
@@ -216,7 +242,10 @@ impl Statements {
             )),
             EntryConditions::Auto => match prep(UPDATE_ENTRY, commit).await {
                 Ok(update) => Some((update, prep(DELETE_ENTRY, commit).await?)),
-                Err(PrepareFailure::Refused(e)) => {
+                // Only the server refusing the statement itself says it takes no condition on
+                // a field; an overloaded or unreachable node says nothing about it (this
+                // preparation fails, and the next operation prepares again).
+                Err(PrepareFailure::Refused(e)) if prepare_refused_statement(&e) => {
                     tracing::warn!(error = %e, "the server refuses a condition on a field of the entry (ScyllaDB?); conditional writes expect the whole entry, and an update reads it first");
                     None
                 }
@@ -233,47 +262,51 @@ impl Statements {
         };
         let write_version = prep(WRITE_VERSION, commit).await?;
         // A heartbeat is a plain write with an explicit timestamp: repeating it is harmless.
-        let mut heartbeat = idempotent(prep(HEARTBEAT, commit).await?);
+        let mut heartbeat = idempotent(prep(HEARTBEAT, commit).await?, speculated);
         heartbeat.set_execution_profile_handle(Some(speculative(
-            routing.unwrap_or(session.get_default_execution_profile_handle()),
-            request_timeout.min(heartbeat_call),
+            routing,
+            bound,
+            4,
+            2,
+            "heartbeat",
         )));
-        let delete_heartbeat_before = idempotent(prep(DELETE_HEARTBEAT_BEFORE, commit).await?);
+        let delete_heartbeat_before =
+            idempotent(prep(DELETE_HEARTBEAT_BEFORE, commit).await?, speculated);
         Ok(Statements {
             init_version: prep(INIT_VERSION, commit).await?,
-            read_statics: idempotent(prep(READ_STATICS, serial_read).await?),
-            read_rows: idempotent(read_rows),
-            read_row: idempotent(prep(READ_ROW, serial_read).await?),
-            read_row_quorum: idempotent(prep(READ_ROW, commit).await?),
+            read_statics: idempotent(prep(READ_STATICS, serial_read).await?, serial_speculated),
+            read_rows: idempotent(read_rows, serial_speculated),
+            read_row: idempotent(prep(READ_ROW, serial_read).await?, serial_speculated),
+            read_row_quorum: idempotent(prep(READ_ROW, commit).await?, speculated),
             heartbeat,
             delete_heartbeat_before,
             delete_entry,
             insert_batch: batch(
                 profile,
-                routing,
+                Some(routing),
                 request_timeout,
                 [&insert_entry, &write_version],
             ),
             update_batch: batch(
                 profile,
-                routing,
+                Some(routing),
                 request_timeout,
                 [&update_entry, &write_version],
             ),
             delete_row: prep(DELETE_ROW, commit).await?,
             delete_statics: prep(DELETE_STATICS, commit).await?,
             // Plain and stamped by the coordinator: repeating it is harmless.
-            delete_partition: idempotent(prep(DELETE_PARTITION, commit).await?),
+            delete_partition: idempotent(prep(DELETE_PARTITION, commit).await?, speculated),
             write_version: write_version.clone(),
-            audit_partition: idempotent(prep(AUDIT_PARTITION, commit).await?),
-            read_keys: idempotent(prep(READ_KEYS, serial_read).await?),
-            read_heartbeats: idempotent(prep(READ_HEARTBEATS, commit).await?),
-            read_ttls: idempotent(prep(READ_TTLS, commit).await?),
-            read_version_ttl: idempotent(prep(READ_VERSION_TTL, commit).await?),
-            list_clusters: idempotent(prep(LIST_CLUSTERS, commit).await?),
+            audit_partition: idempotent(prep(AUDIT_PARTITION, commit).await?, speculated),
+            read_keys: idempotent(prep(READ_KEYS, serial_read).await?, serial_speculated),
+            read_heartbeats: idempotent(prep(READ_HEARTBEATS, commit).await?, speculated),
+            read_ttls: idempotent(prep(READ_TTLS, commit).await?, speculated),
+            read_version_ttl: idempotent(prep(READ_VERSION_TTL, commit).await?, speculated),
+            list_clusters: idempotent(prep(LIST_CLUSTERS, commit).await?, speculated),
             whole_entry_conditions,
             profile,
-            routing: routing.cloned(),
+            routing: Some(routing.clone()),
         })
     }
 
@@ -303,29 +336,48 @@ pub(crate) enum PrepareFailure {
     Timeout,
 }
 
-fn idempotent(mut p: PreparedStatement) -> PreparedStatement {
+/// An idempotent statement (a read, a plain write with an explicit timestamp) with `profile`.
+fn idempotent(mut p: PreparedStatement, profile: &ExecutionProfileHandle) -> PreparedStatement {
+    p.set_execution_profile_handle(Some(profile.clone()));
     p.set_is_idempotent(true);
     p.set_retry_policy(Some(retry_policy(StatementKind::Idempotent)));
     p
 }
 
-/// The heartbeat's profile: `base` (the statements' routing, or the session's default), plus
-/// speculative sends. A heartbeat is what keeps a silo alive: one whose coordinator is cut off
+/// The heartbeat's profile (and the reads', see `prepare`): `base` (the statements' routing),
+/// plus up to `sends` speculative sends, one every `call / fraction`. A heartbeat is what keeps a silo alive: one whose coordinator is cut off
 /// from the other replicas (it times out, and is not yet down for the driver) would spend its
 /// whole call there, and a few such heartbeats in a row get the silo declared dead. Unanswered
 /// after a quarter of its call (`call`), it is also sent to the next node of the plan, and to a
 /// third after another quarter; the plain write is idempotent (one cell, one timestamp), so
 /// whichever lands first counts and the others change nothing. A healthy heartbeat answers long
 /// before: it stays one write.
-fn speculative(base: &ExecutionProfileHandle, call: std::time::Duration) -> ExecutionProfileHandle {
+fn speculative(
+    base: &ExecutionProfileHandle,
+    call: std::time::Duration,
+    fraction: u32,
+    sends: usize,
+    what: &str,
+) -> ExecutionProfileHandle {
     let policy = SimpleSpeculativeExecutionPolicy {
-        max_retry_count: 2,
-        retry_interval: (call / 4).max(std::time::Duration::from_millis(50)),
+        max_retry_count: sends,
+        retry_interval: (call / fraction).max(std::time::Duration::from_millis(50)),
     };
     base.pointee_to_builder()
         .speculative_execution_policy(Some(std::sync::Arc::new(policy)))
         .build()
-        .into_handle_with_label("cassandra-membership heartbeat".to_owned())
+        .into_handle_with_label(format!("cassandra-membership {what}"))
+}
+
+/// `base` with its load balancing wrapped in [`ConnectedFirst`]: the handle every statement
+/// carries. A copy of `base` as it is now (a host remapping its session's default profile later
+/// does not change the provider's statements).
+fn connected_first(base: &ExecutionProfileHandle) -> ExecutionProfileHandle {
+    let policy = base.to_profile().get_load_balancing_policy().clone();
+    base.pointee_to_builder()
+        .load_balancing_policy(std::sync::Arc::new(ConnectedFirst::new(policy)))
+        .build()
+        .into_handle_with_label("cassandra-membership statements".to_owned())
 }
 
 /// Set on each statement, so it holds on a host's own session whatever its default policy.

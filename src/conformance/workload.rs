@@ -156,11 +156,34 @@ pub async fn run(
     options: WorkloadOptions,
     until: Instant,
 ) -> WorkloadReport {
+    run_until(
+        tables,
+        history,
+        options,
+        tokio::sync::watch::channel(until).1,
+    )
+    .await
+}
+
+/// [`run`] until the instant `until` holds when a client next looks: a fault test moves it on
+/// once the fault is over (a node restarted on a loaded machine), so what it asserts of the
+/// time after the fault does not depend on how long the fault took.
+pub async fn run_until(
+    tables: Vec<Arc<dyn MembershipTable>>,
+    history: Arc<History>,
+    options: WorkloadOptions,
+    until: tokio::sync::watch::Receiver<Instant>,
+) -> WorkloadReport {
     let started = Instant::now();
     let shared = Arc::new(Mutex::new(Shared::default()));
     let mut tasks = Vec::new();
     for (client, table) in tables.into_iter().enumerate() {
-        let (history, shared, options) = (history.clone(), shared.clone(), options.clone());
+        let (history, shared, options, until) = (
+            history.clone(),
+            shared.clone(),
+            options.clone(),
+            until.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             client_loop(client, table, history, shared, options, started, until).await
         }));
@@ -182,14 +205,14 @@ async fn client_loop(
     shared: Arc<Mutex<Shared>>,
     options: WorkloadOptions,
     started: Instant,
-    until: Instant,
+    until: tokio::sync::watch::Receiver<Instant>,
 ) {
     let mut thread = history.thread();
     let mut inserted = 0u16;
     // Each write stores a marker of its own (in `update_zone`), unique across clients.
     let mut writes = 0i32;
     let mut last_heartbeat = Instant::now();
-    while Instant::now() < until {
+    while Instant::now() < *until.borrow() {
         tokio::time::sleep(options.pause).await;
         // Heartbeats of this client's entries: plain writes that must never disturb the rest.
         if last_heartbeat.elapsed() >= options.heartbeat_every {

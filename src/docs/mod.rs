@@ -6,14 +6,16 @@
 //! |---|---|
 //! | [`configuration`] | every option and its default |
 //! | [`fencing`] | what a host does on each [`SiloHealth`](crate::SiloHealth), and why it is safe |
+//! | [`sharding`] | splitting work with the cluster view and the fence; how fresh a view is |
 //! | [`guarantees`] | the contract each operation keeps, its honest outcomes and time bounds; the Orleans provider's known defects |
 //! | [`cleanup`] | defunct cleanup: one per table and process, the age and count rules |
 //! | [`expiry`] | storage-side expiry: its contract, mixed settings, tables that disagree, migrating |
 //! | [`consistency`] | consistency profiles and data centres |
-//! | [`schema`] | the table's layout |
+//! | [`schema`] | the table's layout; creating it ahead of the silos (`cassandra-membership schema`) and the grants the role needs |
 //! | [`tombstones`] | what expired and deleted data costs, and `gc_grace` |
 //! | [`costs`] | the statements each operation executes |
 //! | [`observability`] | tracing and metrics |
+//! | [`tracing`] | every span and event: names, levels, targets, fields |
 //! | [`migration`] | moving a table of the 0.2 shape to the current one: `cassandra-membership migrate` |
 //! | [`operating`] | the command line (TLS, declare-dead, cleanup, JSON, exit codes), supported releases, Paxos v2 |
 //!
@@ -25,6 +27,9 @@ pub mod configuration {}
 
 #[doc = include_str!("fencing.md")]
 pub mod fencing {}
+
+#[doc = include_str!("sharding.md")]
+pub mod sharding {}
 
 #[doc = include_str!("guarantees.md")]
 pub mod guarantees {}
@@ -50,8 +55,14 @@ pub mod costs {}
 #[doc = include_str!("observability.md")]
 pub mod observability {}
 
+#[doc = include_str!("tracing.md")]
+pub mod tracing {}
+
 #[doc = include_str!("operating.md")]
 pub mod operating {}
 
 #[doc = include_str!("migration.md")]
 pub mod migration {}
+
+#[cfg(test)]
+mod tracing_page;

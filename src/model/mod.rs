@@ -117,8 +117,29 @@ impl MembershipEntry {
     }
 }
 
-/// An opaque version tag. Each write of a row or of the table version gets a new one,
-/// so that a writer can say "only if nothing changed since I read".
+/// An opaque version tag. Each write of a row or of the table version gets a new one, and a
+/// row's tag also changes with every heartbeat that moves its I-am-alive time
+/// ([`docs::guarantees`](crate::docs::guarantees), "Heartbeats"), so that a writer can say "only
+/// if nothing changed — and the silo did not heartbeat — since I read".
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use cassandra_membership::{
+///     InMemoryMembershipTable, MembershipEntry, MembershipTable, SiloStatus, Timestamp,
+/// };
+/// let table = InMemoryMembershipTable::new("blue");
+/// let me = "10.0.0.1:11111@1".parse().unwrap();
+/// let entry = MembershipEntry::new(me, SiloStatus::Active, Timestamp::from_millis(1_000));
+/// let version = table.read_all().await.unwrap().version;
+/// assert!(table.insert_row(&entry, &version.next()).await.unwrap());
+/// let before = table.read_row(&me).await.unwrap();
+/// table.update_i_am_alive(&me, Timestamp::from_millis(5_000)).await.unwrap();
+/// let after = table.read_row(&me).await.unwrap();
+/// // The row's tag moved with the heartbeat; the table version did not.
+/// assert_ne!(after.rows[0].etag, before.rows[0].etag);
+/// assert_eq!(after.version, before.version);
+/// # });
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct ETag(String);

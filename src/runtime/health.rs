@@ -8,7 +8,11 @@ use crate::table::Lease;
 
 /// What the runtime knows about this silo's registration. Sent on a watch channel; see
 /// [`docs::fencing`](crate::docs::fencing) for what a host must do on each state.
+///
+/// `#[non_exhaustive]`: a later release may add states, so a `match` needs a `_` arm. Decide
+/// with [`SiloHealth::should_serve`] and [`SiloHealth::is_final`] where those say what you need.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SiloHealth {
     /// No heartbeat has completed yet.
     Starting,
@@ -23,7 +27,8 @@ pub enum SiloHealth {
         failures: u32,
         /// The last lease granted, if any.
         lease: Option<Lease>,
-        /// The last error, as text.
+        /// The last error as its `Display` gives it: what failed and why (the driver's or
+        /// the system's causes, e.g. `Connection refused`, `UnknownIssuer`).
         last_error: String,
         /// What kind of failure the last one was: an outage heals by itself, the others need
         /// an operator.
@@ -63,6 +68,10 @@ pub enum FailureCause {
     TooManyTombstones,
     /// Credentials refused or a permission missing.
     AccessDenied,
+    /// The TLS handshake failed ([`MembershipError::TlsHandshake`](crate::MembershipError::TlsHandshake)):
+    /// the server's certificate is not trusted or not valid for its name, or the node does not
+    /// speak TLS. It does not heal until the certificate or the `tls` options change.
+    TlsHandshake,
     /// Anything else (a schema problem, stored data that cannot be read).
     Other,
 }
@@ -78,6 +87,7 @@ impl FailureCause {
             | E::Contention { .. } => FailureCause::Outage,
             E::TooManyTombstones { .. } => FailureCause::TooManyTombstones,
             E::AccessDenied { .. } => FailureCause::AccessDenied,
+            E::TlsHandshake { .. } => FailureCause::TlsHandshake,
             _ => FailureCause::Other,
         }
     }
@@ -150,5 +160,29 @@ impl Fence {
     /// may be stale after a pause).
     pub fn health(&self) -> SiloHealth {
         self.health.borrow().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FailureCause;
+    use crate::MembershipError;
+
+    fn source() -> crate::error::BoxError {
+        "invalid peer certificate: UnknownIssuer".into()
+    }
+
+    #[test]
+    fn a_failed_tls_handshake_is_its_own_cause_not_an_outage_or_other() {
+        let e = MembershipError::TlsHandshake {
+            operation: "update_i_am_alive",
+            source: source(),
+        };
+        assert_eq!(FailureCause::of(&e), FailureCause::TlsHandshake);
+        let e = MembershipError::Unavailable {
+            operation: "update_i_am_alive",
+            source: source(),
+        };
+        assert_eq!(FailureCause::of(&e), FailureCause::Outage);
     }
 }

@@ -172,10 +172,16 @@ impl Heartbeat {
         }
     }
 
-    /// Stops the heartbeat and waits for it to finish.
-    pub(crate) async fn stop(self) {
+    /// Stops the heartbeat and waits for it to finish (a heartbeat in flight answers first),
+    /// until `deadline`: then it is aborted.
+    pub(crate) async fn stop(mut self, deadline: tokio::time::Instant) {
         let _ = self.stop.send(true);
-        let _ = self.task.await;
+        if tokio::time::timeout_at(deadline, &mut self.task)
+            .await
+            .is_err()
+        {
+            self.task.abort();
+        }
         publish(&self.health_tx, SiloHealth::Stopped);
     }
 

@@ -8,14 +8,18 @@
 //! versioned [`protocol`] steps.
 
 mod cleanup;
+mod cleanup_rules;
 pub(crate) mod health;
 mod heartbeat;
 mod observe;
 mod planner;
 pub mod protocol;
 pub(crate) mod silo;
+pub(crate) mod view;
+pub(crate) mod watcher;
 
-pub use cleanup::{
-    CleanupNotStarted, DefunctCleanup, TIMESTAMP_TICK, excess_dead_cutoff, first_active_silo,
-    remove_excess_dead_entries, silo_address_order,
+pub use cleanup::{CleanupNotStarted, DefunctCleanup};
+pub use cleanup_rules::{
+    TIMESTAMP_TICK, excess_dead_cutoff, first_active_silo, remove_excess_dead_entries,
+    silo_address_order,
 };

@@ -310,7 +310,7 @@ fn extreme_periods_never_panic() {
     );
     let _ = p.next_delay(Duration::ZERO, 0.5);
     let _ = p.fence_at();
-    let s = crate::runtime::cleanup::CleanupSchedule::new(&MembershipOptions {
+    let s = crate::runtime::cleanup_rules::CleanupSchedule::new(&MembershipOptions {
         defunct_silo_cleanup_period: Some(Duration::MAX),
         defunct_silo_cleanup_jitter: Duration::MAX,
         ..MembershipOptions::default()
@@ -351,4 +351,21 @@ fn the_host_may_serve_until_the_fence_horizon_and_not_while_fenced() {
     assert_eq!(p.serve_until(), None);
     p.on_own_row(secs(70), &Ok(Some(SiloStatus::Active)));
     assert_eq!(p.serve_until(), Some(secs(133)));
+}
+
+/// The host's health shows why heartbeats fail, not only which operation failed.
+#[test]
+fn failing_health_carries_the_errors_cause() {
+    let mut p = HeartbeatPlanner::new(&MembershipOptions::default(), secs(0));
+    let refused = Err(MembershipError::Unavailable {
+        operation: "update_i_am_alive",
+        source: Box::new(std::io::Error::from_raw_os_error(111)),
+    });
+    match p.on_outcome(secs(1), wall(1), secs(1), &refused) {
+        SiloHealth::Failing { last_error, .. } => {
+            let cause = std::io::Error::from_raw_os_error(111).to_string();
+            assert!(last_error.contains(&cause), "{last_error}");
+        }
+        other => panic!("{other:?}"),
+    }
 }

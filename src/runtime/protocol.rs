@@ -13,7 +13,9 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::error::{MembershipError, Result};
-use crate::model::{MembershipEntry, SiloAddress, SiloStatus, SuspectTime, Timestamp};
+use crate::model::{
+    MembershipEntry, MembershipSnapshot, SiloAddress, SiloStatus, SuspectTime, Timestamp,
+};
 use crate::options::MembershipOptions;
 use crate::runtime::observe::{self, Step};
 use crate::table::MembershipTable;
@@ -24,7 +26,8 @@ pub struct ProtocolLimits {
     /// The bound on one table call; a call that takes longer fails with
     /// [`MembershipError::Timeout`] (a read) or [`MembershipError::OutcomeUnknown`] (a write).
     pub call_timeout: Duration,
-    /// How long one step keeps retrying before it returns the last error.
+    /// How long one step keeps retrying before it returns the last error (for
+    /// [`leave_within`]: the whole leave, both its status changes).
     pub step_deadline: Duration,
 }
 
@@ -35,6 +38,15 @@ impl ProtocolLimits {
         ProtocolLimits {
             call_timeout: options.effective_table_operation_timeout(),
             step_deadline: options.max_join_attempt_time,
+        }
+    }
+
+    /// The limits of a leave: `table_operation_timeout` per call and `leave_timeout` (60 s by
+    /// default) for the whole leave.
+    pub fn for_leave(options: &MembershipOptions) -> Self {
+        ProtocolLimits {
+            call_timeout: options.effective_table_operation_timeout(),
+            step_deadline: options.leave_timeout,
         }
     }
 }
@@ -116,10 +128,10 @@ pub async fn join(table: &dyn MembershipTable, entry: &MembershipEntry) -> Resul
 }
 
 /// Inserts `entry`, retrying version conflicts, reads that give up and calls that time out until
-/// `limits.step_deadline`. Errors if the address already has a row other than this incarnation's
-/// as a join writes it (which an earlier attempt, of this call or of one that answered
-/// `OutcomeUnknown`, inserted), or one that cannot be read (`CorruptData`): retrying a join is
-/// safe. Each round reads only the address's row and the version, whatever the cluster's size.
+/// `limits.step_deadline`. Errors with [`MembershipError::EntryExists`] if the address already
+/// has a row other than this incarnation's as a join writes it (which an earlier attempt, of
+/// this call or of one that answered `OutcomeUnknown`, inserted), or `CorruptData` if that row
+/// cannot be read: retrying a join is safe. Each round reads only the address's row and the version, whatever the cluster's size.
 pub async fn join_within(
     table: &dyn MembershipTable,
     entry: &MembershipEntry,
@@ -144,7 +156,8 @@ pub(crate) async fn join_until(
     let mut rounds = Rounds::new("join", deadline);
     let mut maybe_inserted = false;
     loop {
-        let t = call_limit(call_timeout, deadline);
+        // Each call's bound is what is left of the step when it starts: a slow read leaves the
+        // write after it only the rest, so the step ends by its deadline.
         let attempt = async {
             // A join needs only the version and whether its own address has a row: `read_row`
             // gives both as one linearizable view (a serial read of the row together with the
@@ -153,6 +166,7 @@ pub(crate) async fn join_until(
             // Unlike `read_all` it costs the same however many silos there are, cannot restart
             // because another join moved the version between its pages, and reports a damaged
             // row at the address instead of skipping it (an insert would then only conflict).
+            let t = call_limit(call_timeout, deadline);
             let snapshot = bounded("read_row", false, t, table.read_row(&entry.address)).await?;
             if let Some(row) = snapshot.get(&entry.address) {
                 // Our own incarnation as a join writes it (same start time, still the status we
@@ -164,36 +178,37 @@ pub(crate) async fn join_until(
                 {
                     return Ok(true);
                 }
-                return Err(MembershipError::config(
-                    "entry.address",
-                    format!(
-                        "{} already has an entry: a silo incarnation joins once",
-                        entry.address
-                    ),
-                ));
+                return Err(MembershipError::EntryExists {
+                    silo: entry.address.to_string(),
+                    status: format!("{:?}", row.entry.status),
+                });
             }
             bounded(
                 "insert_row",
                 true,
-                t,
+                call_limit(call_timeout, deadline),
                 table.insert_row(entry, &snapshot.version.next()),
             )
             .await
         }
         .await;
-        match attempt {
+        let failed = match attempt {
             Ok(true) => {
                 info!(cluster = table.cluster_id(), silo = %entry.address, status = ?entry.status, rounds = rounds.round + 1, "joined");
                 return Ok(());
             }
-            Ok(false) => observe::conflict(table, Step::Join),
+            Ok(false) => {
+                observe::conflict(table, Step::Join);
+                None
+            }
             Err(e) => {
                 let e = rounds.retry(e)?;
                 maybe_inserted |= matches!(e, MembershipError::OutcomeUnknown { .. });
                 debug!(cluster = table.cluster_id(), silo = %entry.address, error = %e, "join round failed; retrying");
+                Some(e)
             }
-        }
-        rounds.next().await?;
+        };
+        rounds.next(failed).await?;
     }
 }
 
@@ -243,8 +258,9 @@ pub(crate) async fn set_status_until(
 ) -> Result<bool> {
     let mut rounds = Rounds::new("set_status", deadline);
     loop {
-        let t = call_limit(call_timeout, deadline);
+        // Each call's bound is what is left of the step when it starts (see `join_until`).
         let attempt = async {
+            let t = call_limit(call_timeout, deadline);
             let snapshot = bounded("read_row", false, t, table.read_row(address)).await?;
             let Some(row) = snapshot
                 .rows
@@ -262,51 +278,101 @@ pub(crate) async fn set_status_until(
             let applied = bounded(
                 "update_row",
                 true,
-                t,
+                call_limit(call_timeout, deadline),
                 table.update_row(&entry, &row.etag, &snapshot.version.next()),
             )
             .await?;
             Ok(applied.then_some(true))
         }
         .await;
-        match attempt {
+        let failed = match attempt {
             Ok(Some(done)) => {
                 if done {
                     info!(cluster = table.cluster_id(), silo = %address, ?status, "status changed");
                 }
                 return Ok(done);
             }
-            Ok(None) => observe::conflict(table, Step::Status),
+            Ok(None) => {
+                observe::conflict(table, Step::Status);
+                None
+            }
             // An unknown outcome is resolved by the next round's read: a write that applied
             // shows as the new status (written again, harmlessly) or as Dead.
             Err(e) => {
                 let e = rounds.retry(e)?;
                 debug!(cluster = table.cluster_id(), silo = %address, error = %e, "status change round failed; retrying");
+                Some(e)
             }
-        }
-        rounds.next().await?;
+        };
+        rounds.next(failed).await?;
     }
 }
 
-/// Graceful leave: ShuttingDown, then Dead, each through the versioned protocol (within the
-/// default [`ProtocolLimits`]), so the other silos see this one left rather than crashed.
+/// Graceful leave: ShuttingDown, then Dead, each through the versioned protocol, so the other
+/// silos see this one left rather than crashed; the whole leave within the default
+/// `leave_timeout` (60 s, [`ProtocolLimits::for_leave`]).
 pub async fn leave(
     table: &dyn MembershipTable,
     address: &SiloAddress,
     now: Timestamp,
 ) -> Result<()> {
-    leave_within(table, address, now, &ProtocolLimits::default()).await
+    leave_within(
+        table,
+        address,
+        now,
+        &ProtocolLimits::for_leave(&MembershipOptions::default()),
+    )
+    .await
 }
 
-/// [`leave`] within `limits`: each of its two status changes gets `limits.step_deadline`.
+/// [`leave`] within `limits`: both of its status changes, retries included, end by one
+/// deadline, `limits.step_deadline` from the call (each table call bounded by
+/// `limits.call_timeout`, cut short at that deadline). Past it, the last error is returned.
 pub async fn leave_within(
     table: &dyn MembershipTable,
     address: &SiloAddress,
     now: Timestamp,
     limits: &ProtocolLimits,
 ) -> Result<()> {
-    if set_status_within(table, address, SiloStatus::ShuttingDown, now, limits).await? {
-        set_status_within(table, address, SiloStatus::Dead, now, limits).await?;
+    leave_until(
+        table,
+        address,
+        now,
+        limits.call_timeout,
+        deadline_after(limits.step_deadline),
+    )
+    .await
+}
+
+/// [`leave_within`] by an absolute `deadline` (the silo's leave counts stopping its tasks in).
+pub(crate) async fn leave_until(
+    table: &dyn MembershipTable,
+    address: &SiloAddress,
+    now: Timestamp,
+    call_timeout: Duration,
+    deadline: Instant,
+) -> Result<()> {
+    let shutting_down = set_status_until(
+        table,
+        address,
+        None,
+        SiloStatus::ShuttingDown,
+        now,
+        call_timeout,
+        deadline,
+    )
+    .await?;
+    if shutting_down {
+        set_status_until(
+            table,
+            address,
+            None,
+            SiloStatus::Dead,
+            now,
+            call_timeout,
+            deadline,
+        )
+        .await?;
     }
     Ok(())
 }
@@ -339,11 +405,13 @@ pub async fn detection_round(
     options: &MembershipOptions,
     now: Timestamp,
 ) -> Result<DetectionRound> {
-    detection_round_reporting(table, me, None, options, now, |_| {}).await
+    detection_round_reporting(table, me, None, options, now, |_| {}, |_, _| {}).await
 }
 
 /// [`detection_round`], handing `me`'s own status to `own` as soon as it is known, before any
-/// vote. With `start_time`, a row of another incarnation at `me` counts as missing.
+/// vote, and each whole-table read to `read` with the time it was sent (the round's first read
+/// at `now`, the re-reads before votes later): the silo's view is published from them. With
+/// `start_time`, a row of another incarnation at `me` counts as missing.
 pub(crate) async fn detection_round_reporting(
     table: &dyn MembershipTable,
     me: &SiloAddress,
@@ -351,6 +419,7 @@ pub(crate) async fn detection_round_reporting(
     options: &MembershipOptions,
     now: Timestamp,
     own: impl FnOnce(Option<SiloStatus>),
+    mut read: impl FnMut(&MembershipSnapshot, Timestamp),
 ) -> Result<DetectionRound> {
     let t = options.effective_table_operation_timeout();
     let silence = options.detection_horizon();
@@ -359,6 +428,7 @@ pub(crate) async fn detection_round_reporting(
     // suspects and slow storage can outlast a short vote lifetime.
     let round_started = tokio::time::Instant::now();
     let snapshot = bounded("read_all", false, t, table.read_all()).await?;
+    read(&snapshot, now);
     let own_row = match snapshot.get(me) {
         Some(r) => Some((r.entry.status, r.entry.start_time)),
         // `read_all` skips a damaged row: only `read_row` tells a missing row from one that
@@ -416,8 +486,12 @@ pub(crate) async fn detection_round_reporting(
             entry.status = SiloStatus::Dead;
         }
         // One attempt per round: on a conflict the next round re-reads and votes again.
+        let reread_at = now.saturating_add(round_started.elapsed());
         let current = match bounded("read_all", false, t, table.read_all()).await {
-            Ok(current) => current,
+            Ok(current) => {
+                read(&current, reread_at);
+                current
+            }
             // One suspect must not cost the round what it already learned, nor the others' votes.
             Err(err) => {
                 warn!(cluster = table.cluster_id(), silo = %e.address, error = %err, "re-read before a suspicion failed");
@@ -491,17 +565,23 @@ impl Rounds {
         }
     }
 
-    /// Before the next round: a jittered pause, or `Contention` once the deadline has passed.
-    async fn next(&mut self) -> Result<()> {
+    /// Before the next round, after one that ended with `failed` (`None`: a version conflict):
+    /// a jittered pause. Once the deadline has passed — before the pause or during it — the
+    /// step ends with that round's error, or `Contention` after a conflict: not with a round
+    /// started on what is left of the deadline (nothing), whose instant timeout would hide
+    /// the cause.
+    async fn next(&mut self, failed: Option<MembershipError>) -> Result<()> {
         self.round = self.round.saturating_add(1);
-        if Instant::now() >= self.deadline {
-            return Err(MembershipError::Contention {
-                operation: self.operation,
-                attempts: self.round,
-                elapsed: self.started.elapsed(),
-            });
+        if Instant::now() < self.deadline {
+            pause(self.round, self.deadline).await;
+            if Instant::now() < self.deadline {
+                return Ok(());
+            }
         }
-        pause(self.round, self.deadline).await;
-        Ok(())
+        Err(failed.unwrap_or(MembershipError::Contention {
+            operation: self.operation,
+            attempts: self.round,
+            elapsed: self.started.elapsed(),
+        }))
     }
 }

@@ -1,11 +1,11 @@
 //! A silo's membership, assembled: join, heartbeat, failure detection, cleanup, leave.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
+use tokio_stream::Stream;
 use tracing::warn;
 
 use crate::clock::{Clock, SystemClock};
@@ -16,12 +16,24 @@ use crate::runtime::cleanup::DefunctCleanup;
 use crate::runtime::health::{Fence, SiloHealth};
 use crate::runtime::heartbeat::{Heartbeat, Joined};
 use crate::runtime::protocol::{self, ProtocolLimits, bounded};
+use crate::runtime::view::{self, ClusterView, ViewPublisher};
 use crate::table::MembershipTable;
+
+mod join;
+pub use join::SiloBuilder;
 
 /// One silo's membership in a cluster.
 ///
 /// The membership options (publish period, votes, cleanup, timeouts) are the table's
 /// ([`MembershipTable::membership_options`]): one source, the one the backend also uses.
+///
+/// **Ending it.** [`Silo::leave`] (graceful: the others stop counting on it at once, within
+/// `leave_timeout`) or [`Silo::crash`]. Both take `&self`, so a host shares the silo as
+/// `Arc<Silo>` (in its HTTP state, its signal handler) with no `Mutex<Option<Silo>>`. Once the
+/// silo left or crashed, a later `leave` answers [`MembershipError::NotAMember`] and a later
+/// `crash` does nothing; a leave that failed or was cancelled can be called again. **Dropping a silo that neither left nor crashed is a crash**: its
+/// tasks stop, its entry stays Active until the others declare it dead (the detection horizon,
+/// 90 s by default), and a warning naming the silo is logged.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -36,129 +48,66 @@ use crate::table::MembershipTable;
 /// # }).unwrap();
 /// ```
 #[derive(Debug)]
+#[must_use = "dropping a Silo is a crash: its entry stays Active until the others declare it dead; call `leave` (or `crash`)"]
 pub struct Silo {
     table: Arc<dyn MembershipTable>,
     address: SiloAddress,
     clock: Arc<dyn Clock>,
+    health: watch::Receiver<SiloHealth>,
+    fence: Fence,
+    run: Mutex<Run>,
+    /// One leave at a time: a second waits for the first, then answers as that one ended.
+    leaving: tokio::sync::Mutex<()>,
+    limits: ProtocolLimits,
+    leave_limits: ProtocolLimits,
+    view: watch::Receiver<ClusterView>,
+}
+
+/// Whether the silo's tasks still run, or how it ended.
+#[derive(Debug)]
+enum Run {
+    Running(Tasks),
+    /// A leave is under way: it took the tasks out to stop them.
+    Leaving,
+    /// The tasks stopped, but a leave's writes did not finish (it failed or was cancelled): a
+    /// later leave writes again.
+    LeaveUnfinished,
+    Ended(&'static str),
+}
+
+/// Records how a leave ended when it goes out of scope, so a leave whose future is dropped
+/// midway leaves the silo re-leavable rather than "left".
+struct LeaveEnd<'a> {
+    run: &'a Mutex<Run>,
+    left: bool,
+}
+
+impl Drop for LeaveEnd<'_> {
+    fn drop(&mut self) {
+        let mut run = self.run.lock().unwrap_or_else(PoisonError::into_inner);
+        *run = if self.left {
+            Run::Ended("left")
+        } else {
+            Run::LeaveUnfinished
+        };
+    }
+}
+
+/// What runs while the silo is a member.
+#[derive(Debug)]
+struct Tasks {
     heartbeat: Heartbeat,
     detector: JoinHandle<()>,
     cleanup: Option<DefunctCleanup>,
-    limits: ProtocolLimits,
 }
 
-/// What a silo's entry says about it besides its address, and the clock it runs on: built by
-/// [`Silo::builder`], ended by [`SiloBuilder::join`].
-///
-/// ```
-/// use std::sync::Arc;
-/// use cassandra_membership::{InMemoryMembershipTable, MembershipTable, Silo};
-/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// let table = Arc::new(InMemoryMembershipTable::new("my-cluster"));
-/// let address = "10.0.0.1:11111@1".parse()?;
-/// let silo = Silo::builder(table.clone(), address)
-///     .silo_name("silo-1")
-///     .host_name("host-a")
-///     .proxy_port(30000)
-///     .role_name("frontend")
-///     .fault_zone(2)
-///     .join()
-///     .await?;
-/// let entry = &table.read_row(&address).await?.rows[0].entry;
-/// assert_eq!((entry.silo_name.as_str(), entry.proxy_port), ("silo-1", 30000));
-/// silo.leave().await?;
-/// # Ok::<(), cassandra_membership::MembershipError>(())
-/// # }).unwrap();
-/// ```
-#[derive(Debug)]
-#[must_use = "a builder does nothing until `join` is awaited"]
-pub struct SiloBuilder {
-    table: Arc<dyn MembershipTable>,
-    entry: MembershipEntry,
-    clock: Arc<dyn Clock>,
-}
-
-impl SiloBuilder {
-    /// The silo's name (default empty).
-    pub fn silo_name(mut self, name: impl Into<String>) -> Self {
-        self.entry.silo_name = name.into();
-        self
-    }
-
-    /// The host's name (default empty).
-    pub fn host_name(mut self, name: impl Into<String>) -> Self {
-        self.entry.host_name = name.into();
-        self
-    }
-
-    /// The gateway (proxy) port clients connect to (default 0: none).
-    pub fn proxy_port(mut self, port: u16) -> Self {
-        self.entry.proxy_port = port;
-        self
-    }
-
-    /// The silo's role name (default empty).
-    pub fn role_name(mut self, name: impl Into<String>) -> Self {
-        self.entry.role_name = name.into();
-        self
-    }
-
-    /// The update zone (default 0).
-    pub fn update_zone(mut self, zone: i32) -> Self {
-        self.entry.update_zone = zone;
-        self
-    }
-
-    /// The fault zone (default 0).
-    pub fn fault_zone(mut self, zone: i32) -> Self {
-        self.entry.fault_zone = zone;
-        self
-    }
-
-    /// The clock the silo reads its times from (default [`SystemClock`]); tests pass a
-    /// [`TokioClock`](crate::TokioClock) under paused time or a [`ManualClock`](crate::ManualClock).
-    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    /// Validates the table's membership options and attaches to this process's defunct
-    /// cleanup of the table (starting it for the first silo; [`DefunctCleanup`] — refused when
-    /// its options differ) before anything is written; then initializes the table,
-    /// inserts the entry as Joining (its start and I-am-alive times the clock's now), moves it
-    /// to Active, and starts the heartbeat and the failure detector (every publish period; it
-    /// also watches this silo's own row). Conflicts, reads that give up and calls that time
-    /// out are retried with jittered backoff; the whole join, calls in flight included, ends
-    /// by `max_join_attempt_time`. A join that fails after its insert may have applied marks
-    /// the entry Dead in the background (best effort). Cancelling the returned future
-    /// (dropping it) skips that: an entry it inserted stays Joining until defunct cleanup or
-    /// storage expiry removes it.
-    pub async fn join(self) -> Result<Silo> {
-        let SiloBuilder {
-            table,
-            mut entry,
-            clock,
-        } = self;
-        let options = table.membership_options().clone();
-        options.validate()?;
-        entry.start_time = clock.now();
-        // Shared with this process's other silos on the table; none when disabled.
-        let cleanup = DefunctCleanup::spawn_for(
-            Arc::clone(&table),
-            &options,
-            Arc::clone(&clock),
-            entry.address,
-        )?
-        .ok();
-        let limits = ProtocolLimits::from_options(&options);
-        match Silo::enter(&table, entry, &clock, &limits).await {
-            Ok(joined) => Ok(Silo::start(table, joined, options, clock, cleanup, limits)),
-            Err(e) => {
-                if let Some(c) = cleanup {
-                    c.stop().await;
-                }
-                Err(e)
-            }
-        }
+impl Tasks {
+    /// Ends every task at once, touching no entry.
+    fn abort(self) {
+        self.heartbeat.abort();
+        self.detector.abort();
+        // Detaches from the shared cleanup (the last silo's handle stops it).
+        drop(self.cleanup);
     }
 }
 
@@ -180,114 +129,10 @@ impl Silo {
         }
     }
 
-    async fn enter(
-        table: &Arc<dyn MembershipTable>,
-        mut entry: MembershipEntry,
-        clock: &Arc<dyn Clock>,
-        limits: &ProtocolLimits,
-    ) -> Result<Joined> {
-        // One deadline for every step: initialize, insert, Active.
-        let deadline = protocol::deadline_after(limits.step_deadline);
-        let t = limits.call_timeout;
-        Self::initialize(table.as_ref(), t, deadline).await?;
-        entry.status = SiloStatus::Joining;
-        entry.i_am_alive_time = clock.now();
-        if let Err(e) = protocol::join_until(table.as_ref(), &entry, t, deadline).await {
-            // An insert whose outcome is unknown, or that timed out or was retried until the
-            // deadline, may have applied (best effort, as below).
-            if e.is_transient() || e.is_outcome_unknown() {
-                Self::mark_dead_in_background(table, &entry, clock, limits);
-            }
-            return Err(e);
-        }
-        // The Active write stores this I-am-alive time (or a later one already stored): the
-        // others' detection horizon counts from it, however long the step then retries.
-        let (published_at, published_wall) = (Instant::now(), clock.now());
-        let active = protocol::set_status_until(
-            table.as_ref(),
-            &entry.address,
-            Some(entry.start_time),
-            SiloStatus::Active,
-            published_wall,
-            t,
-            deadline,
-        )
-        .await
-        .and_then(|active| {
-            // The row is Dead or gone: someone declared this incarnation dead meanwhile.
-            active.then_some(()).ok_or(MembershipError::NotAMember {
-                silo: entry.address.to_string(),
-                state: "dead or missing",
-            })
-        });
-        if let Err(e) = active {
-            Self::mark_dead_in_background(table, &entry, clock, limits);
-            return Err(e);
-        }
-        Ok(Joined {
-            address: entry.address,
-            published_at,
-            published_wall,
-            start_time: entry.start_time,
-        })
-    }
-
-    /// `initialize`, retried like the other steps until `deadline`.
-    async fn initialize(
-        table: &dyn MembershipTable,
-        call_timeout: Duration,
-        deadline: Instant,
-    ) -> Result<()> {
-        let mut round = 0u32;
-        loop {
-            let limit = call_timeout.min(deadline.saturating_duration_since(Instant::now()));
-            match bounded("initialize", true, limit, table.initialize(true)).await {
-                Err(e) if protocol::retriable(&e) && Instant::now() < deadline => {
-                    warn!(cluster = table.cluster_id(), error = %e, "initialize failed; retrying");
-                }
-                r => return r,
-            }
-            round = round.saturating_add(1);
-            protocol::pause(round, deadline).await;
-        }
-    }
-
-    /// Nobody will heartbeat an entry whose join failed: say so rather than leave it Joining
-    /// (best effort, only this incarnation's row). In the background, so the join returns by
-    /// its deadline; bounded by `max_join_attempt_time` of its own.
-    fn mark_dead_in_background(
-        table: &Arc<dyn MembershipTable>,
-        entry: &MembershipEntry,
-        clock: &Arc<dyn Clock>,
-        limits: &ProtocolLimits,
-    ) {
-        let (table, address, start, now, limits) = (
-            Arc::clone(table),
-            entry.address,
-            entry.start_time,
-            clock.now(),
-            *limits,
-        );
-        tokio::spawn(async move {
-            let marked = protocol::set_status_until(
-                table.as_ref(),
-                &address,
-                Some(start),
-                SiloStatus::Dead,
-                now,
-                limits.call_timeout,
-                protocol::deadline_after(limits.step_deadline),
-            )
-            .await;
-            if let Err(e) = marked {
-                warn!(cluster = table.cluster_id(), silo = %address, error = %e, "could not mark a failed join's entry Dead; defunct cleanup or expiry removes it");
-            }
-        });
-    }
-
     fn start(
         table: Arc<dyn MembershipTable>,
         joined: Joined,
+        first_view: ClusterView,
         options: MembershipOptions,
         clock: Arc<dyn Clock>,
         cleanup: Option<DefunctCleanup>,
@@ -296,6 +141,8 @@ impl Silo {
         let address = joined.address;
         let heartbeat = Heartbeat::spawn(Arc::clone(&table), &joined, &options, Arc::clone(&clock));
         let start_time = joined.start_time;
+        let views = ViewPublisher::new(first_view);
+        let view = views.subscribe();
         let detector = {
             let (table, clock, options) = (Arc::clone(&table), Arc::clone(&clock), options.clone());
             let mut health = heartbeat.health();
@@ -310,19 +157,30 @@ impl Silo {
                     }
                     // The round's first read tells this silo whether it was declared dead or
                     // lost its entry — within one period on every backend, no extra round trip
-                    // — and is reported before any vote.
+                    // — and is reported before any vote. Its whole-table reads are the view.
+                    let mut read = false;
+                    let now = clock.now();
                     let round = protocol::detection_round_reporting(
                         table.as_ref(),
                         &address,
                         Some(start_time),
                         &options,
-                        clock.now(),
+                        now,
                         |own| report.own_entry(own),
+                        |snapshot, read_at| {
+                            read = true;
+                            // An older version only after the cluster was deleted and
+                            // created again: the kept view is marked stale.
+                            let _ = views.read(snapshot, read_at);
+                        },
                     )
                     .await;
                     match round {
                         Ok(_) => failed_rounds = 0,
                         Err(e) => {
+                            if !read {
+                                views.failed(&e, clock.now());
+                            }
                             failed_rounds = failed_rounds.saturating_add(1);
                             warn!(silo = %address, error = %e, failed_rounds, "failure detection round failed");
                             // As long as the others may take to declare a silent silo dead:
@@ -339,10 +197,31 @@ impl Silo {
             table,
             address,
             clock,
-            heartbeat,
-            detector,
-            cleanup,
+            health: heartbeat.health(),
+            fence: heartbeat.fence(),
+            run: Mutex::new(Run::Running(Tasks {
+                heartbeat,
+                detector,
+                cleanup,
+            })),
+            leaving: tokio::sync::Mutex::new(()),
             limits,
+            leave_limits: ProtocolLimits::for_leave(&options),
+            view,
+        }
+    }
+
+    /// Marks a leave under way: `Ok` with the tasks still to stop (none when an earlier leave
+    /// stopped them), `Err` with how the silo already ended.
+    fn begin_leave(&self) -> std::result::Result<Option<Tasks>, &'static str> {
+        let mut run = self.run.lock().unwrap_or_else(PoisonError::into_inner);
+        match std::mem::replace(&mut *run, Run::Leaving) {
+            Run::Running(tasks) => Ok(Some(tasks)),
+            Run::Leaving | Run::LeaveUnfinished => Ok(None),
+            Run::Ended(before) => {
+                *run = Run::Ended(before);
+                Err(before)
+            }
         }
     }
 
@@ -356,28 +235,79 @@ impl Silo {
     /// [`Silo::should_serve`] (or a [`Fence`]) instead: a value on this watch can be stale after
     /// the process was paused.
     pub fn health(&self) -> watch::Receiver<SiloHealth> {
-        self.heartbeat.health()
+        self.health.clone()
+    }
+
+    /// The cluster as this silo sees it: a watch of [`ClusterView`]s, each one committed table
+    /// version as one whole-table read saw it, their versions never going backwards.
+    ///
+    /// Published from the reads the failure detector already makes (its read of the whole table
+    /// every publish period, and its re-read before each vote) and from the join's one read: no
+    /// statement of its own. A change any silo commits shows here within one publish period plus
+    /// one detection round (one `read_all` when nobody is suspected; see
+    /// [`docs::costs`](crate::docs::costs)). `changed()` wakes on changes of membership (a new
+    /// version, an entry added, changed or removed) or staleness (reads failing), not on
+    /// I-am-alive times alone. The watch ends (`changed()` errs, the last view stays) when the
+    /// silo leaves, crashes or is declared dead.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use cassandra_membership::{InMemoryMembershipTable, Silo};
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let table = Arc::new(InMemoryMembershipTable::new("my-cluster"));
+    /// let silo = Silo::join(table.clone(), "10.0.0.1:11111@1".parse()?).await?;
+    /// let view = silo.view().borrow().clone();
+    /// let members: Vec<_> = view.active().map(|e| e.address).collect();
+    /// assert_eq!(members, [silo.address()]);
+    /// silo.leave().await?;
+    /// # Ok::<(), cassandra_membership::MembershipError>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn view(&self) -> watch::Receiver<ClusterView> {
+        self.view.clone()
+    }
+
+    /// [`Silo::view`] as a stream: the current view first, then each change (a slow consumer
+    /// skips to the latest). It ends when the view's watch does.
+    ///
+    /// ```no_run
+    /// # async fn host(silo: cassandra_membership::Silo) {
+    /// use tokio_stream::StreamExt;
+    /// let mut views = silo.views();
+    /// while let Some(view) = views.next().await {
+    ///     println!("version {}: {} active", view.version().version, view.active().count());
+    /// }
+    /// # }
+    /// ```
+    pub fn views(&self) -> impl Stream<Item = ClusterView> + Send + Unpin + 'static {
+        view::stream_of(self.view.clone())
     }
 
     /// True while the host may take work now: decided against the clock when asked, so it is
     /// false once the fence horizon has passed even if no task has run since (a process resumed
     /// after a pause). See [`Fence::should_serve`].
     pub fn should_serve(&self) -> bool {
-        self.heartbeat.fence().should_serve()
+        self.fence.should_serve()
     }
 
     /// A clonable handle that answers [`Silo::should_serve`] where the silo itself is not at hand
     /// (request handlers, a readiness probe); after [`Silo::leave`] or [`Silo::crash`] it answers
     /// false.
     pub fn fence(&self) -> Fence {
-        self.heartbeat.fence()
+        self.fence.clone()
     }
 
     /// True when this silo takes part in the periodic defunct cleanup this process's silos on
     /// the table share, and its rounds remove entries: the age limit is not covered by storage
     /// expiry (asked now), or `max_defunct_silo_entries` is set.
     pub fn runs_defunct_cleanup(&self) -> bool {
-        self.cleanup.as_ref().is_some_and(DefunctCleanup::is_active)
+        match &*self.run.lock().unwrap_or_else(PoisonError::into_inner) {
+            Run::Running(tasks) => tasks
+                .cleanup
+                .as_ref()
+                .is_some_and(DefunctCleanup::is_active),
+            Run::Leaving | Run::LeaveUnfinished | Run::Ended(_) => false,
+        }
     }
 
     /// The stored status of this silo's entry (`None` when it has none).
@@ -394,28 +324,64 @@ impl Silo {
         .map(|r| r.entry.status))
     }
 
-    /// Leaves gracefully: stops the tasks, then moves the entry to ShuttingDown and Dead.
-    pub async fn leave(self) -> Result<()> {
-        self.heartbeat.stop().await;
-        self.detector.abort();
-        if let Some(c) = self.cleanup {
-            c.stop().await;
+    /// Leaves gracefully: stops the tasks, then moves the entry to ShuttingDown and Dead, all
+    /// within one bound, the table's `leave_timeout` (60 s by default; see
+    /// [`MembershipOptions::leave_timeout`]): past it, the last error is returned and the
+    /// entry stays as far as it got (the others then declare it dead, as a crashed silo's).
+    ///
+    /// Takes `&self`, so it is called on a silo shared as `Arc<Silo>`. The first call stops the
+    /// tasks for good (the silo serves no more). A leave that returned an error, or whose future
+    /// was dropped midway (a host's own timeout), did not finish: a later `leave` writes again,
+    /// with a `leave_timeout` of its own, so a host retries once storage is back. Calls made
+    /// while a leave is under way wait for it, then answer as it ended. Once a leave finished,
+    /// or the silo crashed, `leave` answers [`MembershipError::NotAMember`] at once, writing
+    /// nothing, its `state` saying how the silo ended (`"left"`, `"crashed"`).
+    pub async fn leave(&self) -> Result<()> {
+        let _one = self.leaving.lock().await;
+        let deadline = protocol::deadline_after(self.leave_limits.step_deadline);
+        let tasks = self
+            .begin_leave()
+            .map_err(|state| MembershipError::NotAMember {
+                silo: self.address.to_string(),
+                state,
+            })?;
+        // From here, however this future ends, the silo is left or re-leavable.
+        let mut end = LeaveEnd {
+            run: &self.run,
+            left: false,
+        };
+        if let Some(tasks) = tasks {
+            tasks.detector.abort();
+            // Dropped midway, the stop (already signalled) and the cleanup's end still happen.
+            tasks.heartbeat.stop(deadline).await;
+            if let Some(c) = tasks.cleanup {
+                // Told to stop, a cleanup round ends soon; the leave's writes do not wait past it.
+                let _ = tokio::time::timeout_at(deadline, c.stop()).await;
+            }
         }
-        protocol::leave_within(
+        protocol::leave_until(
             self.table.as_ref(),
             &self.address,
             self.clock.now(),
-            &self.limits,
+            self.leave_limits.call_timeout,
+            deadline,
         )
-        .await
+        .await?;
+        end.left = true;
+        Ok(())
     }
 
-    /// Stops everything without touching the entry, as if the process had crashed.
-    pub fn crash(self) {
-        self.heartbeat.abort();
-        self.detector.abort();
-        // Detaches from the shared cleanup (the last silo's handle stops it).
-        drop(self.cleanup);
+    /// Stops everything without touching the entry, as if the process had crashed. Does
+    /// nothing on a silo that already left or crashed, nor while a leave is under way; after
+    /// a leave that did not finish, it ends the silo (a later `leave` answers
+    /// [`MembershipError::NotAMember`]).
+    pub fn crash(&self) {
+        let mut run = self.run.lock().unwrap_or_else(PoisonError::into_inner);
+        match std::mem::replace(&mut *run, Run::Ended("crashed")) {
+            Run::Running(tasks) => tasks.abort(),
+            Run::LeaveUnfinished => {}
+            before @ (Run::Leaving | Run::Ended(_)) => *run = before,
+        }
     }
 
     /// Waits until the heartbeat stops for good or `timeout` passes; returns the last health.
@@ -423,5 +389,20 @@ impl Silo {
         let mut h = self.health();
         let _ = tokio::time::timeout(timeout, h.wait_for(SiloHealth::is_final)).await;
         h.borrow().clone()
+    }
+}
+
+impl Drop for Silo {
+    /// A silo that neither left nor crashed is crashed here, loudly: its entry stays Active
+    /// until the others declare it dead.
+    fn drop(&mut self) {
+        let run = std::mem::replace(
+            self.run.get_mut().unwrap_or_else(PoisonError::into_inner),
+            Run::Ended("dropped"),
+        );
+        if let Run::Running(tasks) = run {
+            warn!(cluster = self.table.cluster_id(), silo = %self.address, "a Silo was dropped without leave() or crash(): a crash; its entry stays Active until the others declare it dead");
+            tasks.abort();
+        }
     }
 }

@@ -322,6 +322,46 @@ async fn a_transient_failure_to_prepare_is_not_a_schema_mismatch() {
     drop(proxy);
 }
 
+/// `entry_conditions = auto` chooses whole-value conditions only when the server refuses the
+/// statement with a condition on a field (ScyllaDB): a node that is overloaded while it prepares
+/// fails that call, and the next one prepares the field conditions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passing_failure_to_prepare_field_conditions_does_not_switch_to_whole_value_ones() {
+    let (mut proxy, table) = proxied(&unique("prepare-field-overloaded")).await;
+    let fresh = CassandraMembershipTable::with_session(
+        Arc::clone(table.session()),
+        table.options().clone(),
+    )
+    .unwrap();
+    proxy.running_nodes[0].change_request_rules(Some(vec![RequestRule(
+        Condition::RequestOpcode(RequestOpcode::Prepare).and(Condition::BodyContainsCaseSensitive(
+            b"IF entry.etag".to_vec().into(),
+        )),
+        RequestReaction::forge_with_error(scylla::errors::DbError::Overloaded),
+    )]));
+    let first = fresh.read_all().await;
+    println!("while the field conditions cannot be prepared: {first:?}");
+    assert!(
+        matches!(first, Err(MembershipError::Unavailable { .. })),
+        "an overloaded node is no answer about field conditions: {first:?}"
+    );
+    // Now the whole-value statements are the ones refused: a table value that chose them
+    // would not get here.
+    proxy.running_nodes[0].change_request_rules(Some(vec![RequestRule(
+        Condition::RequestOpcode(RequestOpcode::Prepare).and(Condition::BodyContainsCaseSensitive(
+            b"IF entry = :expected_entry".to_vec().into(),
+        )),
+        RequestReaction::forge_with_error(scylla::errors::DbError::Invalid),
+    )]));
+    fresh
+        .read_all()
+        .await
+        .expect("the field conditions are prepared");
+    drop(fresh);
+    drop(table);
+    drop(proxy);
+}
+
 /// A table name nobody else uses, so `initialize` creates it.
 fn unique_table() -> String {
     format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..20])

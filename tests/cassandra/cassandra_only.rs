@@ -5,7 +5,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use cassandra_membership::{EXPIRY_HORIZON_UNIX_SECONDS, MAX_TTL_SECONDS};
+use cassandra_membership::cassandra::{EXPIRY_HORIZON_UNIX_SECONDS, MAX_TTL_SECONDS};
 
 use crate::utils::{Backend, KEYSPACE, backend, session_with_keyspace, unique};
 

@@ -65,7 +65,7 @@ async fn a_join_repeated_by_the_same_incarnation_writes_nothing_and_another_is_r
     other.start_time = e.start_time.saturating_add(Duration::from_secs(1));
     let refused = protocol::join(&t, &other).await;
     assert!(
-        matches!(refused, Err(MembershipError::InvalidConfiguration { .. })),
+        matches!(refused, Err(MembershipError::EntryExists { .. })),
         "{refused:?}"
     );
 }

@@ -436,3 +436,71 @@ async fn an_ambiguous_insert_never_fences_a_missing_or_damaged_version_into_exis
     drop(table);
     drop(proxy);
 }
+
+/// A due lease renewal (a read, a TTL read, a Paxos round) slower than the heartbeat's
+/// call — as while one node of three was dead and not yet convicted — kept the heartbeat's write
+/// behind it from ever running: the runtime cut the call, and the lease, still due, made the next
+/// heartbeat renew first again. The heartbeat lands first now; the renewal gets what is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_slower_than_the_call_never_keeps_the_heartbeat_from_landing() {
+    use cassandra_membership::{HeartbeatOutcome, MembershipOptions};
+    use scylla::client::session_builder::SessionBuilder;
+    use scylla::policies::host_filter::AllowListHostFilter;
+
+    crate::utils::session_with_keyspace().await;
+    let (mut proxy, proxy_addr, real) = crate::outcomes::start_proxy().await;
+    // Every statement through the proxy: on a ring the driver would reach the other nodes directly.
+    let session = SessionBuilder::new()
+        .known_node_addr(proxy_addr)
+        .address_translator(Arc::new(std::collections::HashMap::from([(
+            real, proxy_addr,
+        )])))
+        .host_filter(Arc::new(
+            AllowListHostFilter::new([real]).expect("an address"),
+        ))
+        .build()
+        .await
+        .expect("session through the proxy");
+    let call = Duration::from_secs(1);
+    let mut membership = MembershipOptions::default();
+    membership.i_am_alive_table_publish_timeout = call;
+    membership.defunct_silo_expiration = Duration::from_secs(20);
+    let table = cassandra_membership::CassandraMembershipTable::with_session(
+        Arc::new(session),
+        crate::utils::options(&unique("slow-renewal"))
+            // A table of its own: the shared one carries no TTL (TtlMismatch when run after the
+            // tests that create it).
+            .table(unique("slow_renewal").replace('-', "_")[..24].to_owned())
+            .ttl(true)
+            .ttl_renewal_interval(Some(Duration::from_secs(1)))
+            .membership(membership),
+    )
+    .expect("options");
+    table.initialize(true).await.expect("initialize");
+    let e = new_entry(Timestamp::now());
+    let v = table.read_all().await.expect("read").version.next();
+    assert!(table.insert_row(&e, &v).await.expect("insert"));
+    table
+        .update_i_am_alive(&e.address, Timestamp::now())
+        .await
+        .expect("a first heartbeat");
+    tokio::time::sleep(Duration::from_millis(1_200)).await; // the renewal is due
+    // The renewal's conditional batch is held 3 s: it outlasts the 1 s call.
+    proxy.running_nodes[0].change_request_rules(Some(vec![RequestRule(
+        Condition::RequestOpcode(RequestOpcode::Batch),
+        RequestReaction::delay(Duration::from_secs(3)),
+    )]));
+    let time = Timestamp::now();
+    let r = tokio::time::timeout(call, table.update_i_am_alive(&e.address, time)).await;
+    proxy.running_nodes[0].change_request_rules(None);
+    let outcome = r
+        .expect("the heartbeat answers within its call")
+        .expect("the heartbeat succeeds");
+    assert!(
+        matches!(outcome, HeartbeatOutcome::Refreshed { .. }),
+        "{outcome:?}"
+    );
+    let row = table.read_row(&e.address).await.expect("read the row");
+    let stored = row.get(&e.address).expect("the row").entry.i_am_alive_time;
+    assert_eq!(stored.as_millis(), time.as_millis(), "the heartbeat landed");
+}

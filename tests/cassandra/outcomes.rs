@@ -264,3 +264,48 @@ async fn a_write_that_provably_lost_to_another_at_its_version_answers_false() {
     drop(table);
     drop(proxy);
 }
+
+/// Defunct cleanup's count "can be low, never high": a delete whose outcome is unknown and whose
+/// row is gone afterwards may have been another silo's, so it is not counted. Here the delete
+/// never reaches the node (the proxy answers a CAS timeout after a pause) while another silo's
+/// cleanup removes the row: the two counts add up to the one row removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ambiguous_cleanup_delete_whose_row_another_silo_removed_is_not_counted() {
+    let cluster = unique("cleanup-ambiguous");
+    let (mut proxy, table) = proxied(&cluster).await;
+    let other = crate::utils::table_on(&session_with_keyspace().await, options(&cluster));
+    let long_ago = Timestamp::now().saturating_sub(Duration::from_secs(3600));
+    let mut e = new_entry(long_ago);
+    e.status = cassandra_membership::SiloStatus::Dead;
+    e.i_am_alive_time = long_ago;
+    let v = table.read_all().await.unwrap().version;
+    assert!(table.insert_row(&e, &v.next()).await.unwrap());
+
+    let (sent, mut reached) = tokio::sync::mpsc::unbounded_channel();
+    proxy.running_nodes[0].change_request_rules(Some(vec![RequestRule(
+        Condition::RequestOpcode(RequestOpcode::Execute)
+            .and(Condition::BodyContainsCaseSensitive(
+                e.address.to_string().into_bytes().into(),
+            ))
+            .and(Condition::TrueForLimitedTimes(1)),
+        RequestReaction::forge_with_error_lazy_delay(
+            Box::new(cas_write_timeout),
+            Some(Duration::from_millis(1000)),
+        )
+        .with_feedback_when_performed(sent),
+    )]));
+    let now = Timestamp::now();
+    let first = tokio::spawn(async move { table.cleanup_defunct(now).await });
+    reached.recv().await.expect("the delete was sent");
+    let by_other = other.cleanup_defunct(now).await.unwrap();
+    let by_first = first.await.unwrap().unwrap();
+    println!(
+        "removed by the other silo: {by_other}, by the one whose delete timed out: {by_first}"
+    );
+    assert_eq!(by_other, 1, "the other silo's delete applied");
+    assert_eq!(
+        by_first, 0,
+        "a row gone after an ambiguous delete may be another's: never counted"
+    );
+    drop(proxy);
+}

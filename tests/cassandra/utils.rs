@@ -52,7 +52,7 @@ pub(crate) fn backend() -> Backend {
 }
 
 /// `CASSANDRA_LOCAL_DC`: on a multi-DC ring, the DC the tests' clusters live in. Their tables use
-/// `local_quorum` with it as `local_datacenter`, and the tests' own sessions prefer it (a raw
+/// `local_quorum` with it as `serial_datacenter`, and the tests' own sessions prefer it (a raw
 /// read coordinated in another DC could miss what LOCAL_QUORUM wrote).
 pub(crate) fn local_dc() -> Option<String> {
     std::env::var("CASSANDRA_LOCAL_DC")
@@ -157,7 +157,7 @@ pub(crate) fn options(cluster_id: &str) -> CassandraClusteringOptions {
     match local_dc() {
         Some(dc) => o
             .consistency(cassandra_membership::ConsistencyProfile::LocalQuorum)
-            .local_datacenter(dc),
+            .serial_datacenter(dc),
         None => o,
     }
 }

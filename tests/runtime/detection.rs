@@ -339,6 +339,8 @@ async fn a_voter_declared_dead_earlier_in_the_same_round_does_not_count() {
         Duration::from_secs(5),
     );
     let me = insert(&table, &clock, 1, SiloStatus::Active, zero, &[]).await;
+    // A second silo still publishing.
+    insert(&table, &clock, 4, SiloStatus::Active, zero, &[]).await;
     let first = insert(
         &table,
         &clock,
@@ -399,4 +401,80 @@ async fn a_vote_is_stamped_when_it_is_written() {
         "the vote on the second suspect is stamped {:?} after the round began",
         vote.time.as_millis() - began.as_millis()
     );
+}
+
+/// No cap on the votes needed: a voter that was itself silent through a
+/// storage outage longer than the detection horizon, back first, must not declare the others dead
+/// on its own vote — with a cap by the silos it sees publishing (Orleans' `(n + 1) / 2`, or `n`),
+/// it saw none and needed one vote.
+#[tokio::test(start_paused = true)]
+async fn a_voter_back_first_from_an_outage_declares_no_one_dead_alone() {
+    let (clock, table) = faulty_on_paused_clock();
+    table.initialize(true).await.unwrap();
+    let silent = Duration::from_secs(40); // the horizon is 10 s × 3
+    let me = insert(&table, &clock, 1, SiloStatus::Active, silent, &[]).await;
+    for n in 2..=5 {
+        insert(&table, &clock, n, SiloStatus::Active, silent, &[]).await;
+    }
+    let round = protocol::detection_round(table.as_ref(), &me, &options(), clock.now())
+        .await
+        .unwrap();
+    assert!(
+        round.declared.is_empty(),
+        "declared {} of 4 silos dead on one vote",
+        round.declared.len()
+    );
+}
+
+/// A silo whose clock runs 40 s ahead sees every other silo silent: it may suspect them, never
+/// declare a live silo dead on its own vote.
+#[tokio::test(start_paused = true)]
+async fn one_silo_with_a_clock_ahead_declares_no_live_silo_dead() {
+    let (clock, table) = faulty_on_paused_clock();
+    table.initialize(true).await.unwrap();
+    let me = insert(&table, &clock, 1, SiloStatus::Active, Duration::ZERO, &[]).await;
+    for n in 2..=5 {
+        insert(&table, &clock, n, SiloStatus::Active, Duration::ZERO, &[]).await;
+    }
+    let skewed_now = clock.now().saturating_add(Duration::from_secs(40));
+    let round = protocol::detection_round(table.as_ref(), &me, &options(), skewed_now)
+        .await
+        .unwrap();
+    assert!(
+        round.declared.is_empty(),
+        "declared {} live silos dead on one vote",
+        round.declared.len()
+    );
+}
+
+/// With two Active silos still publishing, one vote is not enough (the default needs 2): the cap
+/// counts only silos whose I-am-alive time is fresh, never lowering the votes below what the
+/// live members can give.
+#[tokio::test(start_paused = true)]
+async fn one_vote_is_not_enough_while_two_silos_still_publish() {
+    let (clock, table) = faulty_on_paused_clock();
+    table.initialize(true).await.unwrap();
+    let zero = Duration::ZERO;
+    let me = insert(&table, &clock, 1, SiloStatus::Active, zero, &[]).await;
+    insert(&table, &clock, 3, SiloStatus::Active, zero, &[]).await;
+    let suspect = insert(
+        &table,
+        &clock,
+        2,
+        SiloStatus::Active,
+        Duration::from_secs(40),
+        &[],
+    )
+    .await;
+    let round = protocol::detection_round(table.as_ref(), &me, &options(), clock.now())
+        .await
+        .unwrap();
+    assert!(
+        round.declared.is_empty(),
+        "declared on one vote: {:?}",
+        round.declared
+    );
+    let row = table.read_row(&suspect).await.unwrap().rows[0].clone();
+    assert_eq!(row.entry.status, SiloStatus::Active);
+    assert_eq!(voters(&row), vec![me]);
 }

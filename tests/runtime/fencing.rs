@@ -12,8 +12,8 @@ use cassandra_membership::{
 };
 
 use crate::utils::{
-    faulty, faulty_on_paused_clock, faulty_on_paused_clock_with, join, memory, options, poll_until,
-    record,
+    Captured, faulty, faulty_on_paused_clock, faulty_on_paused_clock_with, join, memory, options,
+    poll_until, record,
 };
 
 #[tokio::test(start_paused = true)]
@@ -391,4 +391,39 @@ async fn a_silo_declared_dead_while_frozen_never_serves_after_resuming() {
     watcher.abort();
     let seen = seen.lock().unwrap().clone();
     assert!(seen.len() > 1 && !seen.contains(&true), "served: {seen:?}");
+}
+
+/// Why heartbeats fail — the driver's cause, not only the operation — reaches the host's
+/// health signal and the runtime's warning.
+#[tokio::test(start_paused = true)]
+async fn the_health_and_the_heartbeat_warning_carry_the_failure_s_cause() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let (clock, table) = faulty_on_paused_clock();
+    let silo = join(table.clone(), 1, &clock).await;
+    let cause = "Connection refused (injected cause)";
+    table.inject(Injection::unavailable(Operation::UpdateIAmAlive, cause));
+    let mut health = silo.health();
+    health
+        .wait_for(|h| matches!(h, SiloHealth::Failing { .. }))
+        .await
+        .unwrap();
+    match health.borrow().clone() {
+        SiloHealth::Failing { last_error, .. } => {
+            assert!(last_error.contains(cause), "{last_error}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let warning = logged
+        .lines()
+        .find(|l| l.contains("heartbeat failed; retrying"))
+        .unwrap_or_else(|| panic!("no heartbeat warning in {logged}"));
+    assert!(warning.contains(cause), "{warning}");
 }

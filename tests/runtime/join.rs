@@ -11,7 +11,7 @@ use cassandra_membership::{
 };
 
 use crate::utils::{
-    address, entry, faulty, faulty_on_paused_clock, join, memory, options, try_join,
+    address, entry, entry_at, faulty, faulty_on_paused_clock, join, memory, options, try_join,
 };
 
 #[tokio::test(start_paused = true)]
@@ -224,4 +224,25 @@ async fn the_builder_s_names_ports_and_zones_are_stored_and_its_clock_stamps_the
     assert_eq!((e.proxy_port, e.update_zone, e.fault_zone), (30007, 3, 4));
     assert_eq!(e.start_time, Timestamp::from_millis(1_700_000_000_000));
     silo.leave().await.unwrap();
+}
+
+/// Another incarnation at an address that already has an entry is refused as what it is — the
+/// address is taken — not as a configuration error, and nothing is written.
+#[tokio::test(start_paused = true)]
+async fn a_second_incarnation_at_a_taken_address_is_refused_as_entry_exists() {
+    let clock = Arc::new(TokioClock::new());
+    let table = memory(&clock);
+    let e = entry_at(1, &*clock);
+    protocol::join(&table, &e).await.unwrap();
+    let version = table.read_all().await.unwrap().version;
+    let mut other = e.clone();
+    other.start_time = e.start_time.saturating_add(Duration::from_secs(1));
+    let err = protocol::join(&table, &other).await.unwrap_err();
+    assert!(
+        matches!(&err, MembershipError::EntryExists { silo, status } if silo == "10.0.0.1:11111@1" && status == "Joining"),
+        "{err:?}"
+    );
+    assert!(!err.is_transient(), "{err:?}");
+    assert!(err.to_string().contains("10.0.0.1:11111@1"), "{err}");
+    assert_eq!(table.read_all().await.unwrap().version, version);
 }

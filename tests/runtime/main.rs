@@ -8,3 +8,6 @@ mod clock_steps;
 mod detection;
 mod fencing;
 mod join;
+mod leave;
+mod view;
+mod watcher;

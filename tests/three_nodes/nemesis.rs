@@ -323,9 +323,20 @@ async fn initialized_clients(
 ) -> Vec<std::sync::Arc<dyn cassandra_membership::MembershipTable>> {
     let mut tables = Vec::new();
     for _ in 0..3 {
-        let t = CassandraMembershipTable::connect(options(cluster))
-            .await
-            .expect("connect");
+        // A node restarted a moment ago (under libfaketime, on a loaded machine) may accept a
+        // connection and answer only seconds later: `connect` says Unavailable, and is asked again.
+        let mut attempt = 1;
+        let t = loop {
+            match CassandraMembershipTable::connect(options(cluster)).await {
+                Ok(t) => break t,
+                Err(e) if attempt < 5 && e.is_transient() => {
+                    println!("connect, attempt {attempt}: {e}; again");
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                Err(e) => panic!("connect: {e:?}"),
+            }
+        };
         tables.push(Arc::new(t) as Arc<dyn cassandra_membership::MembershipTable>);
     }
     for attempt in 1..=5 {
@@ -535,7 +546,11 @@ fn restart_with_clock(i: u32, skew: Option<&str>) {
     let mut c = Command::new("bash");
     c.arg(script).args(["restart", &i.to_string()]);
     match skew {
-        Some(s) => c.env("CASSANDRA_FAKETIME", s),
+        // Under libfaketime the JVM starts several times slower; on a loaded machine that has
+        // passed the usual 240 s.
+        Some(s) => c
+            .env("CASSANDRA_FAKETIME", s)
+            .env("CASSANDRA_START_TIMEOUT", "600"),
         None => c.env_remove("CASSANDRA_FAKETIME"),
     };
     let status = c.status().expect("run scripts/cassandra.sh");

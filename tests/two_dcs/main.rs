@@ -1,4 +1,4 @@
-//! Two data centres: `local_datacenter` honoured by every statement, and a DC outage survived.
+//! Two data centres: `serial_datacenter` honoured by every statement, and a DC outage survived.
 //!
 //! Needs the two-DC ring of `scripts/cassandra.sh start-dcs dc1 dc2` with `CASSANDRA_FIRST_NODE`
 //! (default 6): node K in dc1, node K+1 in dc2, on 127.0.0.K and 127.0.0.K+1. The keyspace

@@ -167,20 +167,20 @@ fn config_error(e: &MembershipError) -> (&str, &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn initialize_refuses_a_local_datacenter_the_ring_or_the_keyspace_lacks() {
+async fn initialize_refuses_a_serial_datacenter_the_ring_or_the_keyspace_lacks() {
     let _serial = serial().await;
     // A DC the ring does not have, with either profile: named, with the DCs it has.
     for consistency in [ConsistencyProfile::LocalQuorum, ConsistencyProfile::Quorum] {
         let t = connect(
             local(&unique("no-dc"))
                 .consistency(consistency)
-                .local_datacenter("dc3"),
+                .serial_datacenter("dc3"),
         )
         .await;
         let started = std::time::Instant::now();
         let e = t.initialize(true).await.expect_err("dc3 does not exist");
         let (option, reason) = config_error(&e);
-        assert_eq!(option, "local_datacenter");
+        assert_eq!(option, "serial_datacenter");
         assert!(
             reason.contains("dc3") && reason.contains("dc1, dc2"),
             "{reason}"
@@ -217,12 +217,12 @@ async fn initialize_refuses_a_local_datacenter_the_ring_or_the_keyspace_lacks() 
             .cluster_id(unique("ks"))
             .contact_points([dc1_point(), dc2_point()])
             .consistency(ConsistencyProfile::LocalQuorum)
-            .local_datacenter("dc1")
+            .serial_datacenter("dc1")
     };
     for (ks, expected) in [
         (
             "cm_dcs_only2",
-            "keeps no replica in local_datacenter \"dc1\"",
+            "keeps no replica in serial_datacenter \"dc1\"",
         ),
         ("cm_dcs_simple", "NetworkTopologyStrategy"),
     ] {

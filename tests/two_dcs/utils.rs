@@ -69,7 +69,7 @@ pub(crate) fn local(cluster: &str) -> CassandraClusteringOptions {
         .cluster_id(cluster)
         .contact_points([dc1_point(), dc2_point()])
         .consistency(ConsistencyProfile::LocalQuorum)
-        .local_datacenter("dc1")
+        .serial_datacenter("dc1")
         .request_timeout(REQUEST_TIMEOUT)
 }
 
@@ -80,7 +80,7 @@ pub(crate) fn global(cluster: &str) -> CassandraClusteringOptions {
         .service_id("dcs")
         .cluster_id(cluster)
         .contact_points([dc1_point(), dc2_point()])
-        .local_datacenter("dc1")
+        .serial_datacenter("dc1")
         .request_timeout(REQUEST_TIMEOUT)
 }
 

@@ -6,7 +6,10 @@
 use std::time::Duration;
 
 use assert_cmd::Command;
-use cassandra_membership::{CassandraClusteringOptions, CassandraMembershipTable, SiloAddress};
+use cassandra_membership::{
+    CassandraClusteringOptions, CassandraMembershipTable, MembershipEntry, MembershipTable,
+    SiloAddress, SiloStatus, Timestamp,
+};
 
 /// The service id every test cluster runs under.
 pub(crate) const SERVICE: &str = "shop";
@@ -82,4 +85,39 @@ pub(crate) fn connected(timeout: Duration, table: &str) -> Command {
         "30s",
     ]);
     c
+}
+
+/// Runs, expects exit `code`, returns (stdout, stderr).
+pub(crate) fn exits(c: &mut Command, code: i32) -> (String, String) {
+    let out = c.output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    (stdout, stderr)
+}
+
+/// Cluster `cluster` on a new table of its own (returned with the table's name), initialized,
+/// with one Active silo, 10.0.0.1:11111@1.
+pub(crate) async fn cluster_with_one_active_silo(
+    cluster: &str,
+) -> (String, CassandraMembershipTable) {
+    let table = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let t = connect(options(&table, cluster)).await;
+    t.initialize(true)
+        .await
+        .expect("initialize the test cluster");
+    let version = t.read_all().await.unwrap().version;
+    let entry = MembershipEntry::new(
+        addr("10.0.0.1:11111@1"),
+        SiloStatus::Active,
+        Timestamp::now(),
+    );
+    assert!(t.insert_row(&entry, &version.next()).await.unwrap());
+    (table, t)
 }

@@ -137,6 +137,10 @@ impl RioStoreError {
 
     /// The error with its whole source chain, for rio's text-only errors and for logs.
     pub(crate) fn chain(&self) -> String {
+        // The library's error prints its causes itself, each once.
+        if let RioStoreError::Membership(e) = self {
+            return e.to_string();
+        }
         let mut text = self.to_string();
         let mut source = std::error::Error::source(self);
         while let Some(s) = source {

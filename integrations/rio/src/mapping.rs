@@ -66,12 +66,26 @@ pub(crate) fn live_row(
     now: Timestamp,
     gone_after: Duration,
 ) -> Option<&MembershipRow> {
-    snapshot
-        .rows
-        .iter()
-        .filter(|r| r.entry.address.endpoint() == endpoint)
-        .filter(|r| r.entry.status != SiloStatus::Dead && !is_gone(&r.entry, now, gone_after))
-        .max_by_key(|r| r.entry.address.generation())
+    let entry = live_entry(
+        snapshot.rows.iter().map(|r| &r.entry),
+        endpoint,
+        now,
+        gone_after,
+    )?;
+    snapshot.get(&entry.address)
+}
+
+/// [`live_row`] among entries (a cluster view's).
+pub(crate) fn live_entry<'a>(
+    entries: impl Iterator<Item = &'a MembershipEntry>,
+    endpoint: SocketAddr,
+    now: Timestamp,
+    gone_after: Duration,
+) -> Option<&'a MembershipEntry> {
+    entries
+        .filter(|e| e.address.endpoint() == endpoint)
+        .filter(|e| e.status != SiloStatus::Dead && !is_gone(e, now, gone_after))
+        .max_by_key(|e| e.address.generation())
 }
 
 /// Older incarnations at `endpoint` that are not Dead yet (a push declares them Dead).
@@ -91,21 +105,17 @@ pub(crate) fn older_incarnations(
 
 /// What rio sees: one member per endpoint (its live incarnation), in address order.
 pub(crate) fn members(
-    snapshot: &MembershipSnapshot,
+    entries: &[MembershipEntry],
     now: Timestamp,
     gone_after: Duration,
 ) -> Vec<Member> {
-    let mut endpoints: Vec<SocketAddr> = snapshot
-        .rows
-        .iter()
-        .map(|r| r.entry.address.endpoint())
-        .collect();
+    let mut endpoints: Vec<SocketAddr> = entries.iter().map(|e| e.address.endpoint()).collect();
     endpoints.sort();
     endpoints.dedup();
     endpoints
         .into_iter()
-        .filter_map(|ep| live_row(snapshot, ep, now, gone_after))
-        .map(|r| to_member(&r.entry))
+        .filter_map(|ep| live_entry(entries.iter(), ep, now, gone_after))
+        .map(to_member)
         .collect()
 }
 
@@ -131,6 +141,10 @@ mod tests {
     use cassandra_membership::{ETag, TableVersion};
 
     const SEC: Duration = Duration::from_secs(1);
+
+    fn entries_of(s: &MembershipSnapshot) -> Vec<MembershipEntry> {
+        s.rows.iter().map(|r| r.entry.clone()).collect()
+    }
 
     fn row(text: &str, status: SiloStatus, alive_ms: i64) -> MembershipRow {
         let mut entry = MembershipEntry::new(
@@ -191,7 +205,7 @@ mod tests {
             row("10.0.0.2:5000@1", SiloStatus::Dead, 99_900),   // left
             row("10.0.0.3:5000@1", SiloStatus::Active, 96_000), // stopped heartbeating 4 s ago
         ]);
-        let m = members(&s, now, 3 * SEC);
+        let m = members(&entries_of(&s), now, 3 * SEC);
         assert_eq!(m.len(), 1);
         assert_eq!(
             (m[0].ip(), m[0].port(), m[0].active()),

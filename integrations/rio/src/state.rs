@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use cassandra_membership::{MAX_TTL_SECONDS, Timestamp};
+use cassandra_membership::Timestamp;
+use cassandra_membership::cassandra::MAX_TTL_SECONDS;
 use rio_rs::errors::LoadStateError;
 use rio_rs::state::{StateLoader, StateSaver};
 use scylla::SerializeRow;

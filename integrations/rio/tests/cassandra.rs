@@ -132,6 +132,31 @@ async fn a_new_cluster_is_empty_and_a_pushed_member_is_listed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_is_read_through_the_storage_cluster_view_which_a_host_can_follow() {
+    let cluster = unique("view");
+    let s = storage(&cluster).await;
+    let other = storage(&cluster).await;
+    let mut view = s.view();
+    let before = view.borrow_and_update().clone();
+    assert!(before.entries().is_empty());
+    // Another server's push, seen by the next members() of this value: fresh, as rio expects.
+    other.push(member(9190, true)).await.unwrap();
+    let listed = s.members().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    // The same read is the view: told, one committed version, later than before.
+    assert!(view.has_changed().unwrap());
+    let after = view.borrow_and_update().clone();
+    let address = other.incarnation("127.0.0.1", "9190").unwrap();
+    assert!(after.is_member(&address));
+    assert!(after.version().version > before.version().version);
+    assert_eq!(
+        after.version(),
+        &table(&s).read_all().await.unwrap().version,
+        "the view is the table's current version"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn set_active_and_set_inactive_filter_active_members() {
     let s = storage(&unique("active")).await;
     s.push(member(9090, false)).await.unwrap();

@@ -568,7 +568,7 @@ mod state {
             .0;
         let o = options(&cluster, false)
             .consistency(cassandra_membership::ConsistencyProfile::LocalQuorum)
-            .local_datacenter(dc);
+            .serial_datacenter(dc);
         let s = storage(o).await;
         let a = CassandraState::connect(&s, StateOptions::default())
             .await
@@ -991,6 +991,41 @@ mod wiring {
     use super::*;
     use cassandra_membership::InMemoryMembershipTable;
     use cassandra_membership::MembershipError;
+
+    /// A process paused past its fence horizon (SIGSTOP, a GC pause: the keeper task has not run
+    /// since) is fenced the moment it resumes: `fenced()` compares the horizon with the clock
+    /// when asked, not the health the keeper last wrote (before, it answered `None`, and the
+    /// placement store served, until the keeper's timer ran).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_server_paused_past_its_fence_is_fenced_before_its_keeper_runs() {
+        let memory = Arc::new(InMemoryMembershipTable::new("paused"));
+        let mut rio = RioStorageOptions::default();
+        rio.heartbeat_period = Duration::from_millis(500);
+        let s = CassandraMembershipStorage::with_table(memory, rio)
+            .await
+            .unwrap();
+        let mut m = Member::new("127.0.0.1".into(), "9001".into());
+        m.set_active(true);
+        s.push(m).await.unwrap();
+        // Let the keeper publish once: healthy.
+        until("healthy", Duration::from_secs(5), async || {
+            matches!(
+                s.health("127.0.0.1", "9001"),
+                Some(SiloHealth::Healthy { .. })
+            )
+        })
+        .await;
+        assert!(s.fenced().is_none());
+        // The runtime's only thread stops (no task runs: a SIGSTOP, a GC pause) for longer
+        // than `gone_after`, then resumes: the first question, before any task has run, must
+        // already be "fenced".
+        std::thread::sleep(s.options().gone_after() + s.options().heartbeat_period);
+        assert!(
+            s.fenced().is_some(),
+            "serving after a pause past the fence: health {:?}",
+            s.health("127.0.0.1", "9001")
+        );
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_stores_refuse_a_storage_that_is_not_on_cassandra() {

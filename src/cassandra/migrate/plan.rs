@@ -113,6 +113,20 @@ impl ClusterCopy {
             .max()
     }
 
+    /// The latest write time (µs) among the version and entry cells it copies (what a silo
+    /// joining the target would write after; see `rerun.rs`).
+    pub(super) fn latest_membership_write_micros(&self) -> Option<i64> {
+        self.writes
+            .iter()
+            .filter_map(|w| match w {
+                CopyWrite::Version { written, .. } | CopyWrite::Entry { written, .. } => {
+                    Some(*written)
+                }
+                CopyWrite::Heartbeat { .. } => None,
+            })
+            .max()
+    }
+
     /// How many of its writes are of one kind.
     pub(super) fn count(&self, kind: fn(&CopyWrite) -> bool) -> usize {
         self.writes.iter().filter(|w| kind(w)).count()
@@ -126,7 +140,9 @@ pub(super) fn remaining_ttl(ttl: Option<i32>, elapsed: Duration) -> Option<i32> 
         None => Some(0),
         Some(t) if t <= 0 => Some(0),
         Some(t) => {
-            let left = i64::from(t) - i64::try_from(elapsed.as_secs()).unwrap_or(i64::MAX);
+            // Whole seconds rounded up: a copy never outlives its source cell.
+            let secs = elapsed.as_secs() + u64::from(elapsed.subsec_nanos() > 0);
+            let left = i64::from(t) - i64::try_from(secs).unwrap_or(i64::MAX);
             (left > 0).then(|| i32::try_from(left).unwrap_or(i32::MAX))
         }
     }
@@ -379,9 +395,10 @@ mod tests {
         assert_eq!(remaining_ttl(Some(0), second * 100), Some(0));
         assert_eq!(remaining_ttl(Some(100), second * 30), Some(70));
         assert_eq!(remaining_ttl(Some(100), second * 100), None);
+        // Rounded up: a copy never outlives its source cell.
         assert_eq!(
             remaining_ttl(Some(100), Duration::from_millis(999)),
-            Some(100)
+            Some(99)
         );
     }
 

@@ -224,18 +224,18 @@ fn credentials_reject_unknown_fields() {
 }
 
 #[test]
-fn local_quorum_needs_a_local_datacenter_and_names_it() {
+fn local_quorum_needs_a_serial_datacenter_and_names_it() {
     let o = CassandraClusteringOptions::default()
         .keyspace("ks")
         .service_id("svc")
         .cluster_id("c")
         .consistency(ConsistencyProfile::LocalQuorum);
-    assert_eq!(option_of(o.clone().validate()), "local_datacenter");
-    o.clone().local_datacenter("dc1").validate().unwrap();
+    assert_eq!(option_of(o.clone().validate()), "serial_datacenter");
+    o.clone().serial_datacenter("dc1").validate().unwrap();
     for bad in ["", " dc1", "dc\n1"] {
         assert_eq!(
-            option_of(o.clone().local_datacenter(bad).validate()),
-            "local_datacenter",
+            option_of(o.clone().serial_datacenter(bad).validate()),
+            "serial_datacenter",
             "{bad:?}"
         );
     }
@@ -244,13 +244,35 @@ fn local_quorum_needs_a_local_datacenter_and_names_it() {
         .keyspace("ks")
         .service_id("svc")
         .cluster_id("c")
-        .local_datacenter("dc2")
+        .serial_datacenter("dc2")
         .validate()
         .unwrap();
     let o: CassandraClusteringOptions = toml::from_str(
-        "service_id = \"s\"\ncluster_id = \"c\"\nconsistency = \"local_quorum\"\nlocal_datacenter = \"eu-west\"",
+        "service_id = \"s\"\ncluster_id = \"c\"\nconsistency = \"local_quorum\"\nserial_datacenter = \"eu-west\"",
     )
     .unwrap();
-    assert_eq!(o.local_datacenter.as_deref(), Some("eu-west"));
+    assert_eq!(o.serial_datacenter.as_deref(), Some("eu-west"));
     o.validate().unwrap();
+}
+
+/// The option's 0.2 name, `local_datacenter`, still sets it — in a file and through the
+/// deprecated builder — and options are written back under the new name.
+#[test]
+#[allow(deprecated)]
+fn the_old_name_local_datacenter_sets_the_serial_datacenter() {
+    let o: CassandraClusteringOptions = toml::from_str(
+        "service_id = \"s\"\ncluster_id = \"c\"\nconsistency = \"local_quorum\"\nlocal_datacenter = \"dc1\"",
+    )
+    .unwrap();
+    assert_eq!(o.serial_datacenter.as_deref(), Some("dc1"));
+    o.validate().unwrap();
+    let written = toml::to_string(&o).unwrap();
+    assert!(written.contains("serial_datacenter = \"dc1\""), "{written}");
+    assert!(!written.contains("local_datacenter"), "{written}");
+    let built = CassandraClusteringOptions::default().local_datacenter("dc2");
+    assert_eq!(built.serial_datacenter.as_deref(), Some("dc2"));
+    let both = toml::from_str::<CassandraClusteringOptions>(
+        "local_datacenter = \"dc1\"\nserial_datacenter = \"dc2\"",
+    );
+    assert!(both.is_err(), "two names for one option: {both:?}");
 }

@@ -5,10 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use cassandra_membership::cassandra::PatchAction;
 use cassandra_membership::conformance::new_entry;
 use cassandra_membership::{
     CassandraClusteringOptions, CassandraMembershipTable, MembershipError, MembershipOptions,
-    MembershipTable, PatchAction, SiloStatus, Timestamp, TtlMismatchPolicy,
+    MembershipTable, SiloStatus, Timestamp, TtlMismatchPolicy,
 };
 use scylla::client::session::Session;
 

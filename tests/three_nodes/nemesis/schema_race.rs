@@ -73,23 +73,38 @@ async fn silos_initializing_through_a_node_that_has_not_applied_the_new_keyspace
             .await
             .expect("create the keyspace through the first node");
         let starts = futures::future::join_all((0..SILOS).map(|silo| {
+            // The lag itself lasts LAG; after it the lagging node must catch up through gossip,
+            // which on a loaded 2-core machine has taken longer than the 30 s default for a schema
+            // change's agreement. That would be an honest `Timeout`, not the defect under test
+            // (a lag read as a missing keyspace), so the bound here is generous.
             let options = CassandraClusteringOptions::default()
                 .keyspace(&keyspace)
                 .table(format!("members_{silo}"))
                 .service_id("lag")
-                .cluster_id("c");
+                .cluster_id("c")
+                .schema_timeout(Duration::from_secs(90));
             let table = CassandraMembershipTable::with_session(Arc::clone(&silos), options)
                 .expect("valid options");
-            async move { table.initialize(true).await }
+            async move {
+                let started = std::time::Instant::now();
+                let result = table.initialize(true).await;
+                (result, started.elapsed())
+            }
         }));
         let lift = async {
             tokio::time::sleep(LAG).await;
             net.heal("the lagging node's internode messages");
         };
         let (results, ()) = tokio::join!(starts, lift);
-        for (silo, result) in results.into_iter().enumerate() {
+        for (silo, (result, took)) in results.into_iter().enumerate() {
+            eprintln!(
+                "round {round}, silo {silo}: {:?} after {took:?}",
+                result.as_ref().err()
+            );
             if let Err(e) = result {
-                failures.push(format!("round {round}, silo {silo}: {e} ({e:?})"));
+                failures.push(format!(
+                    "round {round}, silo {silo} after {took:?}: {e} ({e:?})"
+                ));
             }
         }
     }

@@ -3,7 +3,8 @@
 use std::sync::Weak;
 use std::time::Duration;
 
-use cassandra_membership::{EXPIRY_HORIZON_UNIX_SECONDS, MAX_TTL_SECONDS, Timestamp};
+use cassandra_membership::Timestamp;
+use cassandra_membership::cassandra::{EXPIRY_HORIZON_UNIX_SECONDS, MAX_TTL_SECONDS};
 use scylla::value::CqlTimestamp;
 use tracing::{debug, warn};
 

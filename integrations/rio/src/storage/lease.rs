@@ -3,7 +3,7 @@
 use std::sync::Weak;
 
 use cassandra_membership::{
-    FailureCause, HeartbeatOutcome, SiloAddress, SiloHealth, SiloStatus, Timestamp,
+    FailureCause, HeartbeatOutcome, MembershipEntry, SiloAddress, SiloHealth, SiloStatus, Timestamp,
 };
 use tracing::{debug, warn};
 
@@ -21,10 +21,67 @@ pub(super) fn finish(inner: &Inner, address: SiloAddress, health: SiloHealth) {
     if let Some(o) = own.remove(&ep) {
         o.keeper.abort();
     }
+    // The final health fences from now on; no deadline to keep.
+    serve_until(inner, ep, None);
     warn!(%address, ?health, "membership entry is final: no longer renewing its lease");
     inner.health.send_modify(|m| {
         m.insert(ep, health);
     });
+}
+
+/// Sets (or with `None` clears) the fence horizon of the member at `ep`, which
+/// [`CassandraMembershipStorage::fenced`](super::CassandraMembershipStorage::fenced) compares with
+/// the clock.
+pub(super) fn serve_until(
+    inner: &Inner,
+    ep: std::net::SocketAddr,
+    until: Option<tokio::time::Instant>,
+) {
+    let mut m = inner.serve_until.lock().unwrap_or_else(|p| p.into_inner());
+    match until {
+        Some(t) => m.insert(ep, t),
+        None => m.remove(&ep),
+    };
+}
+
+/// The first member at `now` that may not serve, with its health: one whose health says so, or
+/// whose fence horizon has passed although its keeper has not run since (a process resumed
+/// after a pause): `LeaseAtRisk` then.
+pub(super) fn fenced(
+    inner: &Inner,
+    now: tokio::time::Instant,
+) -> Option<(std::net::SocketAddr, SiloHealth)> {
+    let serve_until = inner
+        .serve_until
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    inner.health.borrow().iter().find_map(|(ep, h)| {
+        if !h.should_serve() {
+            return Some((*ep, h.clone()));
+        }
+        let past = serve_until.get(ep).is_some_and(|until| now >= *until);
+        past.then(|| {
+            let (lease, failures, cause) = match h {
+                SiloHealth::Healthy { lease } => (Some(*lease), 0, None),
+                SiloHealth::Failing {
+                    lease,
+                    failures,
+                    cause,
+                    ..
+                } => (*lease, *failures, Some(*cause)),
+                _ => (None, 0, None),
+            };
+            (
+                *ep,
+                SiloHealth::LeaseAtRisk {
+                    lease,
+                    failures,
+                    cause: cause.or(Some(FailureCause::Outage)),
+                },
+            )
+        })
+    })
 }
 
 /// Sets a non-final health of `address`, unless it is no longer this value's member there.
@@ -60,6 +117,9 @@ pub(super) async fn keep_lease(
         None => return,
     };
     let mut fence = FenceHorizon::new(published, period, gone_after);
+    if let Some(i) = inner.upgrade() {
+        serve_until(&i, address.endpoint(), Some(fence.horizon()));
+    }
     // Heartbeats start one period apart (from the previous start), each bounded by half a
     // period: a healthy one always lands before the fence horizon.
     let mut next = published + period;
@@ -128,6 +188,7 @@ pub(super) async fn keep_lease(
                 }
                 let refresh_by = l.refresh_by.map(|r| started + r.duration_since(wall));
                 fence.published(started, refresh_by);
+                serve_until(&inner, address.endpoint(), Some(fence.horizon()));
                 failures = 0;
                 cause = None;
                 lease = Some(l);
@@ -171,5 +232,30 @@ pub(super) async fn keep_lease(
         report(&inner, address, health);
         // A missed heartbeat is retried sooner; the lease has room for several.
         next = now + period / 4;
+    }
+}
+
+impl super::CassandraMembershipStorage {
+    /// rio lists the members every round of its provider: that read also tells this process
+    /// whether the members it pushed were declared Dead (a peer's `remove`, a restart at the
+    /// same address) or lost their entry, which a Cassandra heartbeat between two lease
+    /// renewals does not see. A row missing from the snapshot is confirmed by reading it.
+    pub(super) async fn check_own_rows(&self, entries: &[MembershipEntry]) {
+        let own: Vec<SiloAddress> = self.own().values().map(|o| o.address).collect();
+        for address in own {
+            let health = match entries.iter().find(|e| e.address == address) {
+                Some(entry) if entry.status == SiloStatus::Dead => SiloHealth::DeclaredDead,
+                Some(_) => continue,
+                None => match self.inner.table.read_row(&address).await {
+                    Ok(read) if read.rows.is_empty() => SiloHealth::EntryMissing,
+                    Ok(read) if read.rows[0].entry.status == SiloStatus::Dead => {
+                        SiloHealth::DeclaredDead
+                    }
+                    // Live, or unknown: the heartbeat decides.
+                    _ => continue,
+                },
+            };
+            finish(&self.inner, address, health);
+        }
     }
 }

@@ -6,27 +6,26 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use async_trait::async_trait;
 use cassandra_membership::{
-    CassandraClusteringOptions, CassandraMembershipTable, MembershipEntry, MembershipError,
-    MembershipSnapshot, MembershipTable, Result, SiloAddress, SiloHealth, SiloStatus, SuspectTime,
-    Timestamp,
+    CassandraClusteringOptions, CassandraMembershipTable, ClusterView, ClusterWatcher,
+    MembershipEntry, MembershipError, MembershipTable, Result, SiloAddress, SiloHealth, SiloStatus,
+    SuspectTime, Timestamp,
 };
 use chrono::{DateTime, Utc};
-use rio_rs::cluster::storage::{Member, MembershipResult, MembershipStorage, MembershipUnitResult};
-use rio_rs::errors::MembershipError as RioError;
+use rio_rs::cluster::storage::Member;
 use scylla::client::session::Session;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 mod lease;
+mod rio;
 
-use self::lease::{finish, keep_lease};
+use self::lease::keep_lease;
 use crate::RioStorageOptions;
 use crate::mapping::{self, endpoint, live_row, next_generation, older_incarnations, status_for};
 
-/// rio's [`MembershipStorage`] on a [`MembershipTable`] — normally a [`CassandraMembershipTable`].
+/// rio's [`MembershipStorage`](rio_rs::cluster::storage::MembershipStorage) on a [`MembershipTable`] — normally a [`CassandraMembershipTable`].
 ///
 /// Clones share one table value and one set of leases. A member pushed through a value is kept
 /// alive (its I-am-alive published every [`RioStorageOptions::heartbeat_period`]) until it is
@@ -44,9 +43,16 @@ struct Inner {
     /// The health of each member this value pushed (final states stay until a new push or a
     /// `remove` of that endpoint): what fences the server.
     health: watch::Sender<BTreeMap<SocketAddr, SiloHealth>>,
+    /// Each serving member's fence horizon (monotonic): [`CassandraMembershipStorage::fenced`]
+    /// compares it with the clock when asked, so a process resumed after a pause past it is
+    /// fenced before its keeper task has run and written the health.
+    serve_until: Mutex<HashMap<SocketAddr, tokio::time::Instant>>,
     /// The session and options when the table is a [`CassandraMembershipTable`]: the placement
     /// and state stores share them.
     cassandra: Option<(Arc<Session>, CassandraClusteringOptions)>,
+    /// The cluster view `members()` refreshes (one read per call, as rio expects it fresh) and
+    /// hosts follow; it reads nothing by itself: rio's provider lists the members every round.
+    watcher: ClusterWatcher,
 }
 
 struct Own {
@@ -146,12 +152,15 @@ impl CassandraMembershipStorage {
         options.validate()?;
         options.validate_against_ttl(table.storage_expiry().ttl)?;
         table.initialize(true).await?;
+        let watcher = ClusterWatcher::on_demand(Arc::clone(&table), None).await?;
         Ok(CassandraMembershipStorage {
             inner: Arc::new(Inner {
                 table,
+                watcher,
                 options,
                 own: Mutex::default(),
                 health: watch::Sender::new(BTreeMap::new()),
+                serve_until: Mutex::default(),
                 cassandra,
             }),
         })
@@ -176,6 +185,20 @@ impl CassandraMembershipStorage {
         self.inner.health.borrow().get(&ep).cloned()
     }
 
+    /// The cluster as this value last read it (every `members()` call reads it anew; nothing
+    /// else does, so it is as fresh as the last `members()`): a watch of
+    /// [`ClusterView`]s, one committed table version each, never going back; it wakes on changes
+    /// of membership or staleness. The core crate's view, with every entry (statuses, suspicions,
+    /// I-am-alive times) rather than rio's `Member`s.
+    pub fn view(&self) -> watch::Receiver<ClusterView> {
+        self.inner.watcher.view()
+    }
+
+    /// [`CassandraMembershipStorage::view`] as a stream: the current view, then each change.
+    pub fn views(&self) -> impl tokio_stream::Stream<Item = ClusterView> + Send + Unpin + 'static {
+        self.inner.watcher.views()
+    }
+
     /// Every change of the members' health, by endpoint.
     pub fn watch_health(&self) -> watch::Receiver<BTreeMap<SocketAddr, SiloHealth>> {
         self.inner.health.subscribe()
@@ -184,13 +207,11 @@ impl CassandraMembershipStorage {
     /// `None` while every member this value pushed may serve; otherwise one that may not, with
     /// its health. A process that pushed nothing (a client, or a server before its provider
     /// pushed it) is not fenced.
+    ///
+    /// Decided when asked: a member whose fence horizon has passed is fenced even if its keeper
+    /// has not run since (a process resumed after a pause), with the health `LeaseAtRisk`.
     pub fn fenced(&self) -> Option<(SocketAddr, SiloHealth)> {
-        self.inner
-            .health
-            .borrow()
-            .iter()
-            .find(|(_, h)| !h.should_serve())
-            .map(|(ep, h)| (*ep, h.clone()))
+        lease::fenced(&self.inner, tokio::time::Instant::now())
     }
 
     /// Waits until the member this value pushed at `ep` is final (Dead, missing) and returns
@@ -410,6 +431,10 @@ impl CassandraMembershipStorage {
 
     /// Starts (or restarts) renewing `address`'s lease from this process.
     fn keep_alive(&self, address: SiloAddress, published: tokio::time::Instant) {
+        let o = &self.inner.options;
+        let horizon =
+            crate::fence::FenceHorizon::new(published, o.heartbeat_period, o.gone_after());
+        lease::serve_until(&self.inner, address.endpoint(), Some(horizon.horizon()));
         let keeper = tokio::spawn(keep_lease(Arc::downgrade(&self.inner), address, published));
         let mut own = self.own();
         if let Some(old) = own.insert(address.endpoint(), Own { address, keeper }) {
@@ -427,6 +452,7 @@ impl CassandraMembershipStorage {
         if let Some(o) = self.own().remove(&ep) {
             o.keeper.abort();
         }
+        lease::serve_until(&self.inner, ep, None);
         self.inner
             .health
             .send_if_modified(|m| m.remove(&ep).is_some());
@@ -528,38 +554,32 @@ impl CassandraMembershipStorage {
 
     #[tracing::instrument(skip(self), fields(cluster = self.inner.table.cluster_id()), err)]
     async fn list_members(&self) -> Result<Vec<Member>> {
-        let snapshot = self
-            .retrying("members", || self.inner.table.read_all())
-            .await?;
-        self.check_own_rows(&snapshot).await;
+        let entries = match self
+            .retrying("members", || self.inner.watcher.refresh())
+            .await
+        {
+            Ok(view) => view.entries().to_vec(),
+            // The cluster was deleted and created again: the watcher keeps the old cluster's
+            // view (stale); rio is answered from the table as it is now.
+            Err(MembershipError::TableVersionWentBack { from, to }) => {
+                warn!(
+                    from,
+                    to,
+                    "the cluster's version went back (deleted and created again): members read directly; the storage's view() stays stale"
+                );
+                let snapshot = self
+                    .retrying("members", || self.inner.table.read_all())
+                    .await?;
+                snapshot.rows.into_iter().map(|r| r.entry).collect()
+            }
+            Err(e) => return Err(e),
+        };
+        self.check_own_rows(&entries).await;
         Ok(mapping::members(
-            &snapshot,
+            &entries,
             Timestamp::now(),
             self.gone_after(),
         ))
-    }
-
-    /// rio lists the members every round of its provider: that read also tells this process
-    /// whether the members it pushed were declared Dead (a peer's `remove`, a restart at the
-    /// same address) or lost their entry, which a Cassandra heartbeat between two lease
-    /// renewals does not see. A row missing from the snapshot is confirmed by reading it.
-    async fn check_own_rows(&self, snapshot: &MembershipSnapshot) {
-        let own: Vec<SiloAddress> = self.own().values().map(|o| o.address).collect();
-        for address in own {
-            let health = match snapshot.get(&address) {
-                Some(row) if row.entry.status == SiloStatus::Dead => SiloHealth::DeclaredDead,
-                Some(_) => continue,
-                None => match self.inner.table.read_row(&address).await {
-                    Ok(read) if read.rows.is_empty() => SiloHealth::EntryMissing,
-                    Ok(read) if read.rows[0].entry.status == SiloStatus::Dead => {
-                        SiloHealth::DeclaredDead
-                    }
-                    // Live, or unknown: the heartbeat decides.
-                    _ => continue,
-                },
-            };
-            finish(&self.inner, address, health);
-        }
     }
 }
 
@@ -570,53 +590,4 @@ fn jitter_percent() -> u32 {
         .unwrap_or_default()
         .subsec_nanos()
         % 100
-}
-
-fn upstream(e: MembershipError) -> RioError {
-    // rio's error carries text only: keep the whole source chain in it.
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    RioError::Upstream(text)
-}
-
-#[async_trait]
-impl MembershipStorage for CassandraMembershipStorage {
-    async fn push(&self, member: Member) -> MembershipUnitResult {
-        let ep = endpoint(member.ip(), member.port())?;
-        self.push_member(ep, member.active())
-            .await
-            .map(drop)
-            .map_err(upstream)
-    }
-
-    async fn remove(&self, ip: &str, port: &str) -> MembershipUnitResult {
-        let ep = endpoint(ip, port)?;
-        self.remove_member(ep).await.map(drop).map_err(upstream)
-    }
-
-    async fn set_is_active(&self, ip: &str, port: &str, is_active: bool) -> MembershipUnitResult {
-        let ep = endpoint(ip, port)?;
-        self.set_member_active(ep, is_active)
-            .await
-            .map_err(upstream)
-    }
-
-    async fn members(&self) -> MembershipResult<Vec<Member>> {
-        self.list_members().await.map_err(upstream)
-    }
-
-    async fn notify_failure(&self, ip: &str, port: &str) -> MembershipUnitResult {
-        let ep = endpoint(ip, port)?;
-        self.record_failure(ep).await.map_err(upstream)
-    }
-
-    async fn member_failures(&self, ip: &str, port: &str) -> MembershipResult<Vec<DateTime<Utc>>> {
-        let ep = endpoint(ip, port)?;
-        self.failures_of(ep).await.map_err(upstream)
-    }
 }
