@@ -4,6 +4,8 @@
 
 #[path = "../common/tombstones.rs"]
 mod buried;
+#[path = "../common/logs.rs"]
+mod logs;
 mod utils;
 
 mod bounded;

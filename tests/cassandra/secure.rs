@@ -2,8 +2,7 @@
 //! (`scripts/cassandra.sh start-secure`: 127.0.0.9, certificate in the cache's `secure/node.pem`).
 //! Built with `--features rustls`; `scripts/test.sh` runs this module on its own.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cassandra_membership::{
@@ -14,6 +13,7 @@ use rustls::RootCertStore;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
+use crate::logs::Captured;
 use crate::utils::unique;
 
 /// The keyspace the secure node's tests use (created by the superuser).
@@ -204,20 +204,6 @@ async fn wrong_credentials_are_an_authentication_error_that_names_the_user_not_t
     );
 }
 
-/// A writer for the tracing subscriber that keeps everything in memory.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// Set in the process [`the_password_appears_in_no_log_line_at_trace_level`] runs itself in.
 const LOG_CAPTURE_PROCESS: &str = "CM_TEST_LOG_CAPTURE_PROCESS";
 
@@ -270,7 +256,7 @@ async fn the_password_appears_in_no_log_line_at_trace_level() {
         .expect("insert");
     let _ = connect(secure_options(&role, &wrong), trusting_config()).await;
     drop(table);
-    let logs = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
+    let logs = captured.text();
     // Proof that the capture saw the driver at its most verbose level: TRACE lines from the
     // driver's own targets (how many depends on whether the table already existed).
     let driver_trace = logs
@@ -451,20 +437,14 @@ fn self_signed(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, std::p
 #[tokio::test]
 async fn verify_off_connects_to_any_certificate_and_says_so_in_a_warning() {
     let captured = Captured::default();
-    let sink = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_writer(move || sink.clone())
-        .with_ansi(false)
-        .finish();
-    let guard = tracing::subscriber::set_default(subscriber);
+    let guard = captured.warnings();
     // No CA at all: with verification off, the node's certificate is not checked.
     let table = connect_with_options(tls_options(TlsOptions::default().verify(false)))
         .await
         .expect("verify = false connects without a CA");
     drop(guard);
     table.initialize(true).await.expect("initialize");
-    let logs = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
+    let logs = captured.text();
     assert!(
         logs.contains("WARN") && logs.contains("tls.verify = false"),
         "a warning names the setting: {logs}"

@@ -11,9 +11,10 @@ use cassandra_membership::{
     Clock, MembershipError, MembershipOptions, MembershipTable, SiloHealth, SiloStatus, TokioClock,
 };
 
+use crate::logs::Captured;
 use crate::utils::{
-    Captured, faulty, faulty_on_paused_clock, faulty_on_paused_clock_with, join, memory, options,
-    poll_until, record,
+    faulty, faulty_on_paused_clock, faulty_on_paused_clock_with, join, memory, options, poll_until,
+    record,
 };
 
 #[tokio::test(start_paused = true)]
@@ -398,13 +399,7 @@ async fn a_silo_declared_dead_while_frozen_never_serves_after_resuming() {
 #[tokio::test(start_paused = true)]
 async fn the_health_and_the_heartbeat_warning_carry_the_failure_s_cause() {
     let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::WARN)
-        .finish();
-    let _logging = tracing::subscriber::set_default(subscriber);
+    let _logging = captured.warnings();
     let (clock, table) = faulty_on_paused_clock();
     let silo = join(table.clone(), 1, &clock).await;
     let cause = "Connection refused (injected cause)";
@@ -420,7 +415,7 @@ async fn the_health_and_the_heartbeat_warning_carry_the_failure_s_cause() {
         }
         other => panic!("{other:?}"),
     }
-    let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logged = captured.text();
     let warning = logged
         .lines()
         .find(|l| l.contains("heartbeat failed; retrying"))

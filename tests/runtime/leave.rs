@@ -11,7 +11,8 @@ use cassandra_membership::runtime::protocol::{self, ProtocolLimits};
 use cassandra_membership::{Clock, MembershipError, SiloStatus};
 use tokio::time::Instant;
 
-use crate::utils::{Captured, address, faulty_on_paused_clock, faulty_on_paused_clock_with, join};
+use crate::logs::Captured;
+use crate::utils::{address, faulty_on_paused_clock, faulty_on_paused_clock_with, join};
 use crate::utils::{options, record};
 
 /// Each status change used to get a deadline of its own, so a leave whose first write was slow

@@ -105,36 +105,3 @@ pub(crate) fn record(silo: &cassandra_membership::Silo) -> Arc<std::sync::Mutex<
     });
     seen
 }
-
-/// A `tracing` writer into a shared buffer, to read what the runtime logged.
-#[derive(Clone, Default)]
-pub(crate) struct Captured(pub(crate) Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    /// Captures the warnings logged on this thread while the guard lives.
-    pub(crate) fn warnings(&self) -> tracing::subscriber::DefaultGuard {
-        let writer = self.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::WARN)
-            .finish();
-        tracing::subscriber::set_default(subscriber)
-    }
-
-    /// What was logged so far.
-    pub(crate) fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-    }
-}
