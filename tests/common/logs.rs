@@ -4,13 +4,19 @@
 //! While at most one dispatcher is registered, that interest is asked of the *reaching
 //! thread's* default subscriber: a sibling test's thread without one caches "never", and the
 //! event then reaches no subscriber anywhere — the capture misses it. With two or more
-//! registered, every registered dispatcher is asked, the capturing one included. So the capture
-//! keeps a second dispatcher registered for the rest of the process.
+//! registered, every registered dispatcher is asked (and their answers combined), the capturing
+//! one included. So the first capture registers a second dispatcher for the rest of the process,
+//! one that wants nothing.
+//!
+//! (One window stays, outside a test's reach: a callsite whose first reach on another thread
+//! began just before the first capture of the process registered.)
 
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tracing::Dispatch;
+use tracing::level_filters::LevelFilter;
 use tracing::subscriber::DefaultGuard;
+use tracing_subscriber::layer::SubscriberExt;
 
 /// A `tracing` writer into a shared buffer, to read what was logged.
 #[derive(Clone, Default)]
@@ -51,16 +57,18 @@ impl Captured {
     }
 }
 
-/// Registers, once, a dispatcher no thread uses (no output): from then on a callsite's
-/// interest is the union of every registered dispatcher's, never one thread's default alone.
+/// Registers, once, a dispatcher no thread uses and that wants no event: from then on a
+/// callsite's interest is combined from every registered dispatcher's, never one thread's
+/// default alone. Wanting nothing (level `OFF`), it leaves the process's max level and each
+/// callsite's interest to the captures: it does not turn on the driver's TRACE spans.
 fn keep_a_second_dispatcher_registered() {
     static KEPT: OnceLock<Dispatch> = OnceLock::new();
-    KEPT.get_or_init(|| Dispatch::new(tracing_subscriber::registry()));
+    KEPT.get_or_init(|| Dispatch::new(tracing_subscriber::registry().with(LevelFilter::OFF)));
 }
 
-/// The race the capture is built against, made certain: another thread reaches a callsite
-/// first, while the capture is the only subscriber anywhere. It failed with a plain
-/// `set_default`: the event on the capturing thread was never built.
+/// The race the capture is built against: another thread reaches a callsite first, while the
+/// capture is the only subscriber anywhere (certain when no other test's capture is live). It
+/// failed with a plain `set_default`: the event on the capturing thread was never built.
 #[test]
 fn a_warning_whose_callsite_another_thread_reached_first_is_captured() {
     fn warn_from(thread: &str) {
