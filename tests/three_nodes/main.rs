@@ -73,6 +73,35 @@ fn node(command: &str, i: u32) {
     );
 }
 
+/// Waits until each other node's gossip has convicted node `victim` (its `nodetool status` shows
+/// it `DN`): the moment docs::guarantees' "One node of three down" speaks of, measured rather
+/// than assumed ([`CONVICTION`] is the bound load may stretch). Returns the time since `since`.
+async fn convicted_by_the_others(victim: u32, since: Instant, limit: Duration) -> Duration {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cassandra.sh");
+    let down = format!("DN  127.0.0.{victim} ");
+    for i in nodes().into_iter().filter(|&i| i != victim) {
+        loop {
+            let out = Command::new("bash")
+                .arg(script)
+                .args(["nodetool", &i.to_string(), "status"])
+                .output()
+                .expect("run scripts/cassandra.sh nodetool");
+            if String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .any(|l| l.starts_with(&down))
+            {
+                break;
+            }
+            assert!(
+                since.elapsed() < limit,
+                "node {i} did not mark 127.0.0.{victim} down within {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    since.elapsed()
+}
+
 fn cql_up(i: u32) -> bool {
     std::net::TcpStream::connect_timeout(
         &format!("127.0.0.{i}:9042").parse().unwrap(),
