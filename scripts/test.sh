@@ -442,8 +442,9 @@ if [ "$quick" = 1 ]; then
 fi
 
 # The lanes, at most $lanes_at_once at a time: the rings (the longest) and the one-node lane
-# first; the nemesis ring once the one-node lane has freed its slot (its clock-skew restarts
-# under libfaketime are slow to start beside two other busy rings), then the older releases.
+# first; the nemesis ring in the first slot one of them frees (the one-node lane's, as it ends
+# first; its clock-skew restarts under libfaketime are slow to start beside two other busy
+# rings), then the older releases in the next.
 queue=()
 ring_no=0
 for variant in $ring_variants; do
