@@ -19,6 +19,7 @@ mod rows;
 pub mod faults;
 pub mod history;
 pub mod model;
+pub mod sim;
 pub mod workload;
 
 pub use dead_limit::{

@@ -19,6 +19,7 @@ use crate::error::{MembershipError, Result};
 use crate::model::{SiloAddress, Timestamp};
 use crate::options::MembershipOptions;
 use crate::runtime::cleanup_rules::{CleanupSchedule, excess_dead_cutoff, first_active_silo};
+use crate::runtime::jitter;
 use crate::runtime::protocol::bounded;
 use crate::table::MembershipTable;
 
@@ -387,7 +388,7 @@ impl Round {
         removed_tx: Arc<watch::Sender<u64>>,
     ) {
         let table = &self.table;
-        let mut delay = schedule.first_delay(rand::random::<f64>());
+        let mut delay = schedule.first_delay(jitter::unit());
         // A task moved to another runtime goes on counting.
         let mut total = *removed_tx.borrow();
         let mut was_covered = table.storage_expiry().covers_defunct_cleanup && !self.force;
@@ -398,11 +399,13 @@ impl Round {
             );
         }
         loop {
+            // `biased`: one order for every run (a simulation's seed fixes the history).
             tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
+                biased;
                 _ = stop_rx.changed() => return,
+                _ = tokio::time::sleep(delay) => {}
             }
-            delay = schedule.next_delay(rand::random::<f64>());
+            delay = schedule.next_delay(jitter::unit());
             // Read every period: a table can stop being covered while the silo runs (a
             // renewal finds rows without TTL), and must then be cleaned.
             let covered = table.storage_expiry().covers_defunct_cleanup && !self.force;
@@ -419,6 +422,7 @@ impl Round {
             // Bounded like every runtime call, and abandoned on stop: a hung call must not hold
             // up `Silo::leave` (the next period, or another process, runs it again).
             let by_count = tokio::select! {
+                biased;
                 c = self.count_cutoff() => c,
                 _ = stop_rx.changed() => return,
             };
@@ -442,6 +446,7 @@ impl Round {
                 };
                 let run = bounded(operation, true, self.call_timeout, call);
                 let outcome = tokio::select! {
+                    biased;
                     r = run => r,
                     _ = stop_rx.changed() => return,
                 };

@@ -4,6 +4,7 @@
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::runtime::regress::{self, Regression};
 use crate::table::Lease;
 
 /// What the runtime knows about this silo's registration. Sent on a watch channel; see
@@ -138,6 +139,9 @@ pub struct Fence {
     pub(crate) serve_until: watch::Receiver<Option<Instant>>,
     /// The failure detector could not read the own row for too long.
     pub(crate) unknown: watch::Receiver<Option<FailureCause>>,
+    /// Until when the own row's last successful read vouches for it: one detection horizon
+    /// from when that read was sent, however many detector rounds failed or hung since.
+    pub(crate) own_row_until: watch::Receiver<Instant>,
 }
 
 impl Fence {
@@ -151,7 +155,16 @@ impl Fence {
     /// The instant until which the host may serve, when it may serve now (`None` otherwise): a
     /// host can bound the work it accepts by it. A later heartbeat may move it on.
     pub fn serve_until(&self) -> Option<Instant> {
+        if regress::on(Regression::ServeFromCachedHealth) {
+            let may = self.health.borrow().should_serve() && self.unknown.borrow().is_none();
+            return may.then(|| Instant::now() + std::time::Duration::from_secs(1));
+        }
         let until = (*self.serve_until.borrow())?;
+        let until = if regress::on(Regression::FenceCountsRounds) {
+            until
+        } else {
+            until.min(*self.own_row_until.borrow())
+        };
         let may = self.health.borrow().should_serve() && self.unknown.borrow().is_none();
         (may && Instant::now() < until).then_some(until)
     }

@@ -20,6 +20,7 @@ use crate::runtime::health::{FailureCause, Fence, SiloHealth};
 use crate::runtime::observe::{HealthChange, SiloMetrics};
 use crate::runtime::planner::HeartbeatPlanner;
 use crate::runtime::protocol::{bounded, deadline_after, instant_after};
+use crate::runtime::{jitter, task};
 use crate::table::MembershipTable;
 
 /// What a successful join published: the heartbeat's fence horizon counts from it.
@@ -65,20 +66,38 @@ fn publish(sender: &HealthSender, health: SiloHealth) {
 pub(crate) struct OwnEntryReport {
     health: Arc<HealthSender>,
     unknown: Arc<watch::Sender<Option<FailureCause>>>,
+    /// Until when the host may serve on the own row's last successful read ([`Fence`]).
+    own_row_until: Arc<watch::Sender<Instant>>,
+    /// How long a read of the own row vouches for it: the detection horizon.
+    own_row_horizon: Duration,
 }
 
 impl OwnEntryReport {
-    /// `status` is the own row's status in the detector's snapshot, `None` when it has none.
-    /// Dead or missing ends the heartbeat (the watch turns final); anything else says the own
-    /// row is known again.
-    pub(crate) fn own_entry(&self, status: Option<SiloStatus>) {
+    /// `status` is the own row's status in the detector's snapshot, `None` when it has none;
+    /// `sent`: when that read was sent. Dead or missing ends the heartbeat (the watch turns
+    /// final); anything else says the own row is known again, and vouches for it for one
+    /// detection horizon from `sent`.
+    pub(crate) fn own_entry(&self, status: Option<SiloStatus>, sent: Instant) {
         match status {
             None => publish(&self.health, SiloHealth::EntryMissing),
             Some(SiloStatus::Dead) => publish(&self.health, SiloHealth::DeclaredDead),
             Some(_) => {
+                let until = instant_after(sent, self.own_row_horizon);
+                self.own_row_until.send_if_modified(|u| {
+                    let later = until > *u;
+                    if later {
+                        *u = until;
+                    }
+                    later
+                });
                 self.unknown.send_if_modified(|u| u.take().is_some());
             }
         }
+    }
+
+    /// Until when the own row's last successful read vouches for it.
+    pub(crate) fn own_row_until(&self) -> Instant {
+        *self.own_row_until.borrow()
     }
 
     /// The detector could not read the own row for too long: the others may have declared this
@@ -96,6 +115,8 @@ pub(crate) struct Heartbeat {
     health: watch::Receiver<SiloHealth>,
     health_tx: Arc<HealthSender>,
     unknown_tx: Arc<watch::Sender<Option<FailureCause>>>,
+    own_row_until: Arc<watch::Sender<Instant>>,
+    own_row_horizon: Duration,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
@@ -123,6 +144,12 @@ impl Heartbeat {
         });
         let (unknown_tx, unknown) = watch::channel(None);
         let unknown_tx = Arc::new(unknown_tx);
+        // The join's read of the own row is the first to vouch for it.
+        let own_row_horizon = options.detection_horizon();
+        let own_row_until = Arc::new(watch::Sender::new(instant_after(
+            joined.published_at,
+            own_row_horizon,
+        )));
         let (stop, stop_rx) = watch::channel(false);
         let task = HeartbeatTask {
             cluster: table.cluster_id().to_owned(),
@@ -145,8 +172,10 @@ impl Heartbeat {
             health,
             health_tx,
             unknown_tx,
+            own_row_until,
+            own_row_horizon,
             stop,
-            task: tokio::spawn(task.run()),
+            task: task::spawn(task.run()),
         }
     }
 
@@ -155,6 +184,8 @@ impl Heartbeat {
         OwnEntryReport {
             health: Arc::clone(&self.health_tx),
             unknown: Arc::clone(&self.unknown_tx),
+            own_row_until: Arc::clone(&self.own_row_until),
+            own_row_horizon: self.own_row_horizon,
         }
     }
 
@@ -169,6 +200,7 @@ impl Heartbeat {
             health: self.health.clone(),
             serve_until: self.health_tx.serve_until.subscribe(),
             unknown: self.unknown_tx.subscribe(),
+            own_row_until: self.own_row_until.subscribe(),
         }
     }
 
@@ -246,7 +278,7 @@ impl HeartbeatTask {
             if done {
                 return;
             }
-            delay = self.planner.next_delay(self.mono(), rand::random::<f64>());
+            delay = self.planner.next_delay(self.mono(), jitter::unit());
         }
     }
 
@@ -426,17 +458,19 @@ mod tests {
                 metrics: SiloMetrics::new(&table, &silo),
             }),
             unknown: Arc::new(watch::channel(None).0),
+            own_row_until: Arc::new(watch::Sender::new(Instant::now())),
+            own_row_horizon: Duration::from_secs(90),
         };
-        report.own_entry(Some(SiloStatus::Active));
+        report.own_entry(Some(SiloStatus::Active), Instant::now());
         assert_eq!(*rx.borrow(), SiloHealth::Starting);
-        report.own_entry(Some(SiloStatus::Dead));
+        report.own_entry(Some(SiloStatus::Dead), Instant::now());
         publish(
             &report.health,
             SiloHealth::Healthy {
                 lease: Lease::unbounded(Timestamp::from_millis(1_000_000)),
             },
         );
-        report.own_entry(None);
+        report.own_entry(None, Instant::now());
         assert_eq!(*rx.borrow(), SiloHealth::DeclaredDead);
     }
 }

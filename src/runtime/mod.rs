@@ -11,10 +11,13 @@ mod cleanup;
 mod cleanup_rules;
 pub(crate) mod health;
 mod heartbeat;
+pub(crate) mod jitter;
 mod observe;
 mod planner;
+pub(crate) mod regress;
 pub mod protocol;
 pub(crate) mod silo;
+pub(crate) mod task;
 pub(crate) mod view;
 pub(crate) mod watcher;
 
@@ -23,3 +26,11 @@ pub use cleanup_rules::{
     TIMESTAMP_TICK, excess_dead_cutoff, first_active_silo, remove_excess_dead_entries,
     silo_address_order,
 };
+
+/// How long after the start of its last successful publish a silo may serve: the detection
+/// horizon less the fencing margin (63 s with the defaults; `docs::fencing`).
+#[cfg(feature = "conformance")]
+pub(crate) fn fence_offset(options: &crate::options::MembershipOptions) -> std::time::Duration {
+    planner::HeartbeatPlanner::detection_horizon(options)
+        .saturating_sub(planner::HeartbeatPlanner::fencing_margin(options))
+}

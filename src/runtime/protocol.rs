@@ -18,6 +18,8 @@ use crate::model::{
 };
 use crate::options::MembershipOptions;
 use crate::runtime::observe::{self, Step};
+use crate::runtime::jitter;
+use crate::runtime::regress::{self, Regression};
 use crate::table::MembershipTable;
 
 /// How long the protocol steps may take: each table call, and each step as a whole.
@@ -118,7 +120,7 @@ pub(crate) fn retriable(e: &MembershipError) -> bool {
 /// many writers of one version row spread out instead of colliding again.
 pub(crate) async fn pause(round: u32, deadline: Instant) {
     let cap = 20u64.saturating_mul(1 << round.min(7)).min(2_000);
-    let pause = Duration::from_millis(rand::random_range(1..=cap));
+    let pause = Duration::from_millis(jitter::between(1..=cap));
     tokio::time::sleep_until((Instant::now() + pause).min(deadline)).await;
 }
 
@@ -456,20 +458,54 @@ pub(crate) async fn detection_round_reporting(
         {
             continue;
         }
-        let mut entry = e.clone();
+        // One attempt per round: on a conflict the next round re-reads and votes again.
+        let reread_at = now.saturating_add(round_started.elapsed());
+        let current = match bounded("read_all", false, t, table.read_all()).await {
+            Ok(current) => {
+                read(&current, reread_at);
+                current
+            }
+            // One suspect must not cost the round what it already learned, nor the others' votes.
+            Err(err) => {
+                warn!(cluster = table.cluster_id(), silo = %e.address, error = %err, "re-read before a suspicion failed");
+                continue;
+            }
+        };
+        // The vote is written on this re-read (conditioned on its version, which any change
+        // moves), so who may vote is judged on it too, not on the round's first read: a voter or
+        // this silo declared Dead meanwhile — by another detector's overlapping round — shows here.
+        let still_me = current
+            .get(me)
+            .filter(|r| start_time.is_none_or(|s| r.entry.start_time == s))
+            .is_some_and(|r| r.entry.status != SiloStatus::Dead);
+        if !still_me && !regress::on(Regression::VotersFromTheFirstRead) {
+            break;
+        }
+        let Some(now_row) = current.get(&e.address) else {
+            continue;
+        };
+        if now_row.etag != row.etag {
+            continue;
+        }
+        let voters_read = if regress::on(Regression::VotersFromTheFirstRead) {
+            &snapshot
+        } else {
+            &current
+        };
+        let mut entry = now_row.entry.clone();
         // Keep only the votes that count, one per voter, and add ours: fresh ones (an older vote
         // was cast on an earlier silence), by voters still members (a Dead or removed voter
-        // vouches for nothing: its view may be what got it declared dead) — this round's own
-        // declarations included, which the snapshot read before them does not show.
+        // vouches for nothing: its view may be what got it declared dead).
         let vote_time = now.saturating_add(round_started.elapsed());
         let fresh = vote_time.saturating_sub(options.effective_death_vote_expiration_timeout());
         entry.suspect_times.retain(|s| {
-            s.time >= fresh
+            (s.time >= fresh || regress::on(Regression::StaleVotesCount))
                 && &s.suspecting_silo != me
                 && !declared.contains(&s.suspecting_silo)
-                && snapshot
-                    .get(&s.suspecting_silo)
-                    .is_some_and(|voter| voter.entry.status != SiloStatus::Dead)
+                && (regress::on(Regression::DeadVotersCount)
+                    || voters_read
+                        .get(&s.suspecting_silo)
+                        .is_some_and(|voter| voter.entry.status != SiloStatus::Dead))
         });
         entry.suspect_times.push(SuspectTime {
             suspecting_silo: *me,
@@ -484,25 +520,6 @@ pub(crate) async fn detection_round_reporting(
         voters.dedup();
         if voters.len() as u32 >= options.num_votes_for_death_declaration {
             entry.status = SiloStatus::Dead;
-        }
-        // One attempt per round: on a conflict the next round re-reads and votes again.
-        let reread_at = now.saturating_add(round_started.elapsed());
-        let current = match bounded("read_all", false, t, table.read_all()).await {
-            Ok(current) => {
-                read(&current, reread_at);
-                current
-            }
-            // One suspect must not cost the round what it already learned, nor the others' votes.
-            Err(err) => {
-                warn!(cluster = table.cluster_id(), silo = %e.address, error = %err, "re-read before a suspicion failed");
-                continue;
-            }
-        };
-        let Some(now_row) = current.get(&e.address) else {
-            continue;
-        };
-        if now_row.etag != row.etag {
-            continue;
         }
         let written = bounded(
             "update_row",

@@ -1,5 +1,6 @@
 //! A silo's membership, assembled: join, heartbeat, failure detection, cleanup, leave.
 
+use std::pin::pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -16,6 +17,8 @@ use crate::runtime::cleanup::DefunctCleanup;
 use crate::runtime::health::{Fence, SiloHealth};
 use crate::runtime::heartbeat::{Heartbeat, Joined};
 use crate::runtime::protocol::{self, ProtocolLimits, bounded};
+use crate::runtime::regress::{self, Regression};
+use crate::runtime::task;
 use crate::runtime::view::{self, ClusterView, ViewPublisher};
 use crate::table::MembershipTable;
 
@@ -147,34 +150,58 @@ impl Silo {
             let (table, clock, options) = (Arc::clone(&table), Arc::clone(&clock), options.clone());
             let mut health = heartbeat.health();
             let report = heartbeat.own_entry_report();
-            tokio::spawn(async move {
+            task::spawn(async move {
                 let period = options.i_am_alive_table_publish_timeout;
                 let mut failed_rounds = 0u32;
                 loop {
+                    // `biased`: one order for every run (a simulation's seed fixes the history).
                     tokio::select! {
-                        _ = tokio::time::sleep(period) => {}
+                        biased;
                         _ = health.wait_for(SiloHealth::is_final) => return,
+                        _ = tokio::time::sleep(period) => {}
                     }
                     // The round's first read tells this silo whether it was declared dead or
                     // lost its entry — within one period on every backend, no extra round trip
                     // — and is reported before any vote. Its whole-table reads are the view.
                     let mut read = false;
                     let now = clock.now();
+                    let sent = tokio::time::Instant::now();
                     let round = protocol::detection_round_reporting(
                         table.as_ref(),
                         &address,
                         Some(start_time),
                         &options,
                         now,
-                        |own| report.own_entry(own),
+                        |own| report.own_entry(own, sent),
                         |snapshot, read_at| {
                             read = true;
                             // An older version only after the cluster was deleted and
                             // created again: the kept view is marked stale.
                             let _ = views.read(snapshot, read_at);
                         },
-                    )
-                    .await;
+                    );
+                    // The own row unread for a detection horizon: this silo cannot know it is
+                    // still a member, however long the reads in flight still take — fenced at
+                    // that instant, not after a count of rounds that each take a period plus a
+                    // call ([`docs::fencing`](crate::docs::fencing)).
+                    // The round goes on past that instant: its read may still answer.
+                    let counts_rounds = regress::on(Regression::FenceCountsRounds);
+                    let unread_at = report.own_row_until();
+                    let mut told = counts_rounds || tokio::time::Instant::now() >= unread_at;
+                    let round = {
+                        let (mut round, mut unread) =
+                            (pin!(round), pin!(tokio::time::sleep_until(unread_at)));
+                        loop {
+                            tokio::select! {
+                                biased;
+                                r = &mut round => break r,
+                                _ = &mut unread, if !told => {
+                                    told = true;
+                                    report.own_entry_unknown(crate::FailureCause::Outage);
+                                }
+                            }
+                        }
+                    };
                     match round {
                         Ok(_) => failed_rounds = 0,
                         Err(e) => {
@@ -183,9 +210,9 @@ impl Silo {
                             }
                             failed_rounds = failed_rounds.saturating_add(1);
                             warn!(silo = %address, error = %e, failed_rounds, "failure detection round failed");
-                            // As long as the others may take to declare a silent silo dead:
-                            // past it, this silo cannot know it is still a member.
-                            if failed_rounds >= options.num_missed_table_i_am_alive_limit {
+                            let unread = tokio::time::Instant::now() >= report.own_row_until();
+                            let by_rounds = failed_rounds >= options.num_missed_table_i_am_alive_limit;
+                            if if counts_rounds { by_rounds } else { unread } {
                                 report.own_entry_unknown(crate::FailureCause::of(&e));
                             }
                         }

@@ -371,6 +371,55 @@ async fn a_voter_declared_dead_earlier_in_the_same_round_does_not_count() {
     assert_eq!(row.entry.status, SiloStatus::Active);
 }
 
+/// Two live detectors' rounds overlap (issue 47): silos 2 and 3 are silent, each holding a fresh
+/// vote from the other. Silo 1's round reads the table, and while it re-reads before voting on 2,
+/// silo 4's round declares 2 Dead. Silo 1 then skips 2 (its tag moved) and must not count 2's
+/// vote against 3: the voters are judged on the re-read the vote is written on (which shows 2
+/// Dead), not on the round's first read (which still shows it Active).
+#[tokio::test(start_paused = true)]
+async fn voters_are_judged_on_the_re_read_the_vote_is_written_on_not_the_round_s_first_read() {
+    use cassandra_membership::conformance::faults::Gate;
+    let (clock, table) = faulty_on_paused_clock();
+    table.initialize(true).await.unwrap();
+    let (zero, silent, recent) = (
+        Duration::ZERO,
+        Duration::from_secs(40),
+        Duration::from_secs(5),
+    );
+    let one = insert(&table, &clock, 1, SiloStatus::Active, zero, &[]).await;
+    let four = insert(&table, &clock, 4, SiloStatus::Active, zero, &[]).await;
+    let two = insert(&table, &clock, 2, SiloStatus::Active, silent, &[(3, recent)]).await;
+    let three = insert(&table, &clock, 3, SiloStatus::Active, silent, &[(2, recent)]).await;
+    // Silo 1's re-read before its vote on 2 (its second read_all) waits at the gate.
+    let gate = Gate::new();
+    table.inject(Injection::hold(Operation::ReadAll, &gate).after(1).times(1));
+    let now = clock.now();
+    let first = tokio::spawn({
+        let table = Arc::clone(&table);
+        async move { protocol::detection_round(table.as_ref(), &one, &options(), now).await }
+    });
+    gate.reached().await;
+    // Meanwhile silo 4's round declares 2 (3's vote and its own); its re-read before a vote on 3
+    // fails, so it leaves 3's row as it was.
+    let fours = FaultyTable::new(Arc::clone(table.inner()));
+    fours.inject(Injection::contention(Operation::ReadAll).after(2));
+    let other = protocol::detection_round(&fours, &four, &options(), now)
+        .await
+        .unwrap();
+    assert_eq!(other.declared, vec![two], "silo 4 declares 2 dead");
+    gate.release();
+    let round = first.await.unwrap().unwrap();
+    let row = table.read_row(&three).await.unwrap().rows[0].clone();
+    assert_eq!(
+        (round.declared.as_slice(), row.entry.status),
+        (&[][..], SiloStatus::Active),
+        "silo 1 declared {:?} dead on one live vote (2's vote counted, 2 already Dead); 3's voters: {:?}",
+        round.declared,
+        voters(&row)
+    );
+    assert_eq!(voters(&row), vec![one], "2's vote dropped, silo 1's added");
+}
+
 /// A vote is stamped when it is written, not when its round began: with slow storage a round
 /// over several suspects outlasts a short vote lifetime (three periods at a 1 s period), and a
 /// vote stamped at the start would arrive already stale for every other voter.

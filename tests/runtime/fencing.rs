@@ -191,8 +191,8 @@ async fn a_fenced_silo_declared_dead_meanwhile_never_turns_healthy_when_publishi
     silo.crash();
 }
 
-/// A detector that cannot read must not leave a zombie Healthy: after
-/// `num_missed_table_i_am_alive_limit` failed rounds the silo's own status is unknown: fence.
+/// A detector that cannot read must not leave a zombie Healthy: once its own row is unread for
+/// `num_missed_table_i_am_alive_limit` periods the silo's own status is unknown: fence.
 #[tokio::test(start_paused = true)]
 async fn a_silo_whose_detector_cannot_read_is_fenced_after_the_missed_limit_of_rounds() {
     let (clock, table) = faulty_on_paused_clock();
@@ -211,14 +211,24 @@ async fn a_silo_whose_detector_cannot_read_is_fenced_after_the_missed_limit_of_r
         .unwrap()
     );
     let health = silo.health();
-    // Three failed rounds, one per 10 s period (each bounded by one period).
-    let fenced = poll_until(Duration::from_secs(70), || {
+    // The own row was last read by the join, 1 s ago: fenced 3 periods (30 s) after that read
+    // (`should_serve` at that instant; the health watch at the detector's round then).
+    let fence = silo.fence();
+    assert!(
+        !poll_until(Duration::from_millis(28_900), || !fence.should_serve()).await,
+        "fenced before its own row was unread for 30 s"
+    );
+    assert!(
+        poll_until(Duration::from_millis(200), || !fence.should_serve()).await,
+        "still serving with its own row unread for 30 s"
+    );
+    let fenced = poll_until(Duration::from_secs(1), || {
         matches!(*health.borrow(), SiloHealth::LeaseAtRisk { .. })
     })
     .await;
     assert!(
         fenced,
-        "still {:?} with its own row unread for 70 s",
+        "still {:?} with its own row unread for 30 s",
         *health.borrow()
     );
     // Reads come back: the row says Dead.
@@ -227,6 +237,77 @@ async fn a_silo_whose_detector_cannot_read_is_fenced_after_the_missed_limit_of_r
         silo.wait_final(Duration::from_secs(15)).await,
         SiloHealth::DeclaredDead
     );
+}
+
+/// docs::fencing: a silo that cannot read its own row stops serving once the row is unread for
+/// `num_missed_table_i_am_alive_limit` periods (3 × 10 s here), however long each failed read
+/// hangs — the bound follows the monotonic time since the last successful read, not a count of
+/// rounds (issue 47: with reads hanging a round is a period plus a call, and three rounds took
+/// 59 s for a 30 s promise). Its heartbeats land meanwhile; an operator declared it Dead.
+#[tokio::test(start_paused = true)]
+async fn a_silo_whose_reads_hang_stops_serving_within_the_missed_limit_of_periods_since_its_last_read()
+ {
+    let (clock, table) = faulty_on_paused_clock();
+    table.set_blind_heartbeats(true);
+    let silo = join(table.clone(), 1, &clock).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The join read the own row; from here every read hangs (each bounded by the 10 s call timeout).
+    let cut = tokio::time::Instant::now();
+    table.inject(Injection::hang(Operation::ReadAll));
+    table.inject(Injection::hang(Operation::ReadRow));
+    assert!(
+        protocol::set_status(
+            table.inner().as_ref(),
+            &silo.address(),
+            SiloStatus::Dead,
+            clock.now()
+        )
+        .await
+        .unwrap()
+    );
+    let fence = silo.fence();
+    let mut last_served = None;
+    while cut.elapsed() < Duration::from_secs(120) {
+        if fence.should_serve() {
+            last_served = Some(cut.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let last_served = last_served.expect("it served right after the cut");
+    assert!(
+        last_served < Duration::from_secs(30),
+        "served {last_served:?} after its own row was last read (promised: 3 periods = 30 s)"
+    );
+    assert!(
+        matches!(*silo.health().borrow(), SiloHealth::LeaseAtRisk { .. }),
+        "{:?}",
+        *silo.health().borrow()
+    );
+    silo.crash();
+}
+
+/// The own-row fence lifts again: once reads answer, the next detector round reads the row live
+/// and the silo serves (the simulation found a first fix that fenced such a silo for good: the
+/// fence's timer, already past, cancelled every later round before its read answered).
+#[tokio::test(start_paused = true)]
+async fn a_silo_fenced_for_an_unread_own_row_serves_again_once_reads_answer() {
+    let (clock, table) = faulty_on_paused_clock();
+    table.set_blind_heartbeats(true);
+    let silo = join(table.clone(), 1, &clock).await;
+    // Reads are slow (5 ms) as on a network, then hang for a minute.
+    table.inject(Injection::delay(Operation::ReadAll, Duration::from_millis(5)));
+    let reads = table.inject(Injection::hang(Operation::ReadAll));
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(!silo.should_serve(), "{:?}", *silo.health().borrow());
+    table.clear(reads);
+    let fence = silo.fence();
+    let back = poll_until(Duration::from_secs(25), || fence.should_serve()).await;
+    assert!(
+        back,
+        "still fenced 25 s after reads came back: {:?}",
+        *silo.health().borrow()
+    );
+    silo.crash();
 }
 
 /// The fence horizon counts from the I-am-alive time the join stored, not from when the

@@ -239,7 +239,7 @@ impl Silo {
             clock.now(),
             *limits,
         );
-        tokio::spawn(async move {
+        crate::runtime::task::spawn(async move {
             let marked = protocol::set_status_until(
                 table.as_ref(),
                 &address,
