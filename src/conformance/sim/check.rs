@@ -38,10 +38,14 @@ pub(super) fn landed(
     let now = world.now();
     let mine = after.get(&writer);
     let moved = mine.map(|r| &r.etag) != before.get(&writer).map(|r| &r.etag);
-    if moved && mine.is_some_and(|r| r.entry.status != SiloStatus::Dead) {
+    if let Some(row) = mine.filter(|r| moved && r.entry.status != SiloStatus::Dead) {
+        // What the others judge it by: the I-am-alive time stored, on the simulation's time
+        // line (its clock's skew taken off) — a rewrite of an old time publishes nothing new.
+        let stamped_ms = row.entry.i_am_alive_time.as_millis() - EPOCH_MS - skew_ms;
+        let stamped = Duration::from_millis(u64::try_from(stamped_ms).unwrap_or(0));
         let mut st = world.state();
         let last = st.landed.entry(writer).or_default();
-        *last = (*last).max(sent);
+        *last = (*last).max(stamped);
     }
     if after.version.version != before.version.version {
         let changes: Vec<String> = after
@@ -96,8 +100,9 @@ pub(super) fn landed(
     }
 }
 
-/// [`Invariant::NoLiveSiloDeclaredDead`]: the dead silo's last publish that landed started a
-/// detection horizon (less twice the skew) before its death, or earlier.
+/// [`Invariant::NoLiveSiloDeclaredDead`]: the I-am-alive time the dead silo last stored (taken
+/// on the simulation's time line) is a detection horizon (less twice the skew) before its death,
+/// or earlier.
 fn silence(world: &World, dead: &SiloAddress, now: Duration) {
     let horizon = world.options.detection_horizon();
     let Some(last) = world.state().landed.get(dead).copied() else {
@@ -109,7 +114,7 @@ fn silence(world: &World, dead: &SiloAddress, now: Duration) {
         world.violated(
             Invariant::NoLiveSiloDeclaredDead,
             format!(
-                "{} declared Dead {:.3}s after the start of a heartbeat of its that landed (horizon {:?})",
+                "{} declared Dead {:.3}s after the I-am-alive time it last stored (horizon {:?})",
                 name(dead),
                 silent.as_secs_f64(),
                 horizon

@@ -118,7 +118,7 @@ pub(super) async fn simulate(seed: u64, config: SimConfig) -> SimReport {
                 world.violated(
                     Invariant::DeadWithinBound,
                     format!(
-                        "{} crashed and is not Dead {:.3}s after its last heartbeat landed, with {voters} live voters (bound {bound:?})",
+                        "{} crashed and is not Dead {:.3}s after the I-am-alive time it last stored, with {voters} live voters (bound {bound:?})",
                         name(&address),
                         (world.now() - silent_since).as_secs_f64()
                     ),

@@ -103,7 +103,7 @@ impl SimConfig {
     }
 
     /// How soon a crashed silo is declared Dead once enough live voters remain, counted from the
-    /// start of its last heartbeat that reached storage: the detection horizon, plus one period
+    /// I-am-alive time it last stored: the detection horizon, plus one period
     /// for each of the `num_votes_for_death_declaration` voters' rounds to come round, plus one
     /// for a round that lost a race and the calls of a round (two `table_operation_timeout`s),
     /// plus the skew both ways.
@@ -122,8 +122,8 @@ impl SimConfig {
 #[non_exhaustive]
 pub enum Invariant {
     /// docs::guarantees: a silo is declared dead only after the detection horizon of silence: no
-    /// death applies less than a horizon (less twice the skew) after the start of a heartbeat of
-    /// the silo that reached storage before it.
+    /// death applies less than a horizon (less twice the skew) after the I-am-alive time the
+    /// silo last stored.
     NoLiveSiloDeclaredDead,
     /// docs::fencing: a host never serves after the others declared its silo dead — no
     /// `should_serve() == true` at any instant after its death applied, pauses included.

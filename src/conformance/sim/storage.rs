@@ -48,7 +48,8 @@ pub(super) struct State {
     pub(super) storm: bool,
     /// Silos whose calls do not reach storage.
     pub(super) cut: BTreeSet<SiloAddress>,
-    /// The start of each silo's latest publish (heartbeat, or its join's writes) that landed.
+    /// The latest I-am-alive time each silo stored (heartbeat, or its join's writes), on the
+    /// simulation's time line.
     pub(super) landed: BTreeMap<SiloAddress, Duration>,
     /// The start of each silo's latest publish that answered it with success.
     pub(super) published: BTreeMap<SiloAddress, Duration>,
