@@ -93,7 +93,10 @@ fn the_same_seed_gives_the_same_history_byte_for_byte() {
 #[test]
 fn every_defect_put_back_is_caught() {
     let cases = [
-        (Regression::VotersFromTheFirstRead, Invariant::DeathOnCountedVotes),
+        (
+            Regression::VotersFromTheFirstRead,
+            Invariant::DeathOnCountedVotes,
+        ),
         (Regression::FenceCountsRounds, Invariant::FenceBound),
         (Regression::StaleVotesCount, Invariant::DeathOnCountedVotes),
         (Regression::DeadVotersCount, Invariant::DeathOnCountedVotes),
@@ -101,17 +104,18 @@ fn every_defect_put_back_is_caught() {
     ];
     for (defect, invariant) in cases {
         let config = SimConfig::demo(5).with_regression(defect);
-        let caught = (0..60).find_map(|seed| {
-            let report = run(seed, &config);
-            report
+        let caught = (0..60).find(|&seed| {
+            run(seed, &config)
                 .violations
                 .iter()
                 .any(|v| v.invariant == invariant)
-                .then_some(seed)
         });
         let Some(seed) = caught else {
             panic!("{defect:?} put back: no {invariant:?} violation in 60 seeds");
         };
-        println!("{defect:?}: caught by {invariant:?} at seed {seed} ({} seeds)", seed + 1);
+        println!(
+            "{defect:?}: caught by {invariant:?} at seed {seed} ({} seeds)",
+            seed + 1
+        );
     }
 }

@@ -90,7 +90,11 @@ impl OwnEntryReport {
                     }
                     later
                 });
-                self.unknown.send_if_modified(|u| u.take().is_some());
+                // A read answered after its own deadline (a pause between send and answer)
+                // vouches for nothing now: the row stays unknown.
+                if Instant::now() < *self.own_row_until.borrow() {
+                    self.unknown.send_if_modified(|u| u.take().is_some());
+                }
             }
         }
     }

@@ -17,8 +17,8 @@ use crate::model::{
     MembershipEntry, MembershipSnapshot, SiloAddress, SiloStatus, SuspectTime, Timestamp,
 };
 use crate::options::MembershipOptions;
-use crate::runtime::observe::{self, Step};
 use crate::runtime::jitter;
+use crate::runtime::observe::{self, Step};
 use crate::runtime::regress::{self, Regression};
 use crate::table::MembershipTable;
 
@@ -450,7 +450,7 @@ pub(crate) async fn detection_round_reporting(
             own_status,
         });
     }
-    for row in &snapshot.rows {
+    'suspects: for row in &snapshot.rows {
         let e = &row.entry;
         if &e.address == me
             || e.status != SiloStatus::Active
@@ -458,99 +458,125 @@ pub(crate) async fn detection_round_reporting(
         {
             continue;
         }
-        // One attempt per round: on a conflict the next round re-reads and votes again.
-        let reread_at = now.saturating_add(round_started.elapsed());
-        let current = match bounded("read_all", false, t, table.read_all()).await {
-            Ok(current) => {
-                read(&current, reread_at);
-                current
+        // A vote that loses its race (another detector's write moved the version between our
+        // re-read and our write) is tried again on a fresh read, up to `VOTE_ATTEMPTS` writes:
+        // with one attempt a round, two detectors whose rounds coincide every period starved
+        // each other's second vote for good (the simulation, seed 103711).
+        for attempt in 0..VOTE_ATTEMPTS {
+            if attempt > 0 {
+                pause(attempt, deadline_after(t)).await;
             }
-            // One suspect must not cost the round what it already learned, nor the others' votes.
-            Err(err) => {
-                warn!(cluster = table.cluster_id(), silo = %e.address, error = %err, "re-read before a suspicion failed");
-                continue;
+            let reread_at = now.saturating_add(round_started.elapsed());
+            let current = match bounded("read_all", false, t, table.read_all()).await {
+                Ok(current) => {
+                    read(&current, reread_at);
+                    current
+                }
+                // One suspect must not cost the round what it already learned, nor the others'
+                // votes.
+                Err(err) => {
+                    warn!(cluster = table.cluster_id(), silo = %e.address, error = %err, "re-read before a suspicion failed");
+                    continue 'suspects;
+                }
+            };
+            // The vote is written on this re-read (conditioned on its version, which any change
+            // moves, and on the suspect's row tag, which its heartbeats move), so everything it
+            // rests on is judged on it too, not on the round's first read: this silo's own
+            // standing, the voters' (declared Dead meanwhile by another detector's overlapping
+            // round shows here), and the suspect's silence.
+            let still_me = current
+                .get(me)
+                .filter(|r| start_time.is_none_or(|s| r.entry.start_time == s))
+                .is_some_and(|r| r.entry.status != SiloStatus::Dead);
+            if !still_me && !regress::on(Regression::VotersFromTheFirstRead) {
+                break 'suspects;
             }
-        };
-        // The vote is written on this re-read (conditioned on its version, which any change
-        // moves), so who may vote is judged on it too, not on the round's first read: a voter or
-        // this silo declared Dead meanwhile — by another detector's overlapping round — shows here.
-        let still_me = current
-            .get(me)
-            .filter(|r| start_time.is_none_or(|s| r.entry.start_time == s))
-            .is_some_and(|r| r.entry.status != SiloStatus::Dead);
-        if !still_me && !regress::on(Regression::VotersFromTheFirstRead) {
-            break;
-        }
-        let Some(now_row) = current.get(&e.address) else {
-            continue;
-        };
-        if now_row.etag != row.etag {
-            continue;
-        }
-        let voters_read = if regress::on(Regression::VotersFromTheFirstRead) {
-            &snapshot
-        } else {
-            &current
-        };
-        let mut entry = now_row.entry.clone();
-        // Keep only the votes that count, one per voter, and add ours: fresh ones (an older vote
-        // was cast on an earlier silence), by voters still members (a Dead or removed voter
-        // vouches for nothing: its view may be what got it declared dead).
-        let vote_time = now.saturating_add(round_started.elapsed());
-        let fresh = vote_time.saturating_sub(options.effective_death_vote_expiration_timeout());
-        entry.suspect_times.retain(|s| {
-            (s.time >= fresh || regress::on(Regression::StaleVotesCount))
-                && &s.suspecting_silo != me
-                && !declared.contains(&s.suspecting_silo)
-                && (regress::on(Regression::DeadVotersCount)
-                    || voters_read
-                        .get(&s.suspecting_silo)
-                        .is_some_and(|voter| voter.entry.status != SiloStatus::Dead))
-        });
-        entry.suspect_times.push(SuspectTime {
-            suspecting_silo: *me,
-            time: vote_time,
-        });
-        let mut voters: Vec<_> = entry
-            .suspect_times
-            .iter()
-            .map(|s| s.suspecting_silo)
-            .collect();
-        voters.sort();
-        voters.dedup();
-        if voters.len() as u32 >= options.num_votes_for_death_declaration {
-            entry.status = SiloStatus::Dead;
-        }
-        let written = bounded(
-            "update_row",
-            true,
-            t,
-            table.update_row(&entry, &row.etag, &current.version.next()),
-        )
-        .await;
-        let applied = match written {
-            Ok(applied) => applied,
-            // The next round re-reads; one silo's vote must not stop the round for the others.
-            Err(e) => {
-                warn!(cluster = table.cluster_id(), silo = %row.entry.address, error = %e, "suspicion write failed");
-                false
-            }
-        };
-        if applied {
-            if entry.status == SiloStatus::Dead {
-                info!(cluster = table.cluster_id(), silo = %e.address, by = %me, "declared dead after missed heartbeats");
-                declared.push(e.address);
+            let vote_time = now.saturating_add(round_started.elapsed());
+            let Some(now_row) = current.get(&e.address).filter(|r| {
+                r.entry.status == SiloStatus::Active
+                    && r.entry.i_am_alive_time.saturating_add(silence) <= vote_time
+            }) else {
+                continue 'suspects;
+            };
+            let voters_read = if regress::on(Regression::VotersFromTheFirstRead) {
+                &snapshot
             } else {
-                debug!(cluster = table.cluster_id(), silo = %e.address, by = %me, "suspected");
+                &current
+            };
+            let entry = vote(now_row, voters_read, me, &declared, vote_time, options);
+            let written = bounded(
+                "update_row",
+                true,
+                t,
+                table.update_row(&entry, &now_row.etag, &current.version.next()),
+            )
+            .await;
+            match written {
+                Ok(true) if entry.status == SiloStatus::Dead => {
+                    info!(cluster = table.cluster_id(), silo = %e.address, by = %me, "declared dead after missed heartbeats");
+                    declared.push(e.address);
+                    continue 'suspects;
+                }
+                Ok(true) => {
+                    debug!(cluster = table.cluster_id(), silo = %e.address, by = %me, "suspected");
+                    continue 'suspects;
+                }
+                Ok(false) => observe::conflict(table, Step::Vote),
+                // The next round re-reads; one silo's vote must not stop the round for the others.
+                Err(err) => {
+                    warn!(cluster = table.cluster_id(), silo = %e.address, error = %err, "suspicion write failed");
+                    continue 'suspects;
+                }
             }
-        } else {
-            observe::conflict(table, Step::Vote);
         }
     }
     Ok(DetectionRound {
         declared,
         own_status,
     })
+}
+
+/// How many writes one detection round makes on one suspect when its votes lose races.
+const VOTE_ATTEMPTS: u32 = 3;
+
+/// `me`'s vote on the suspect `row` at `vote_time`: the votes that count kept, one per voter —
+/// fresh ones (an older vote was cast on an earlier silence), by voters with a row that is not
+/// Dead in `voters_read` nor declared this round (a Dead or removed voter vouches for nothing:
+/// its view may be what got it declared dead) — and ours added; Dead once they are enough.
+fn vote(
+    row: &crate::model::MembershipRow,
+    voters_read: &MembershipSnapshot,
+    me: &SiloAddress,
+    declared: &[SiloAddress],
+    vote_time: Timestamp,
+    options: &MembershipOptions,
+) -> MembershipEntry {
+    let mut entry = row.entry.clone();
+    let fresh = vote_time.saturating_sub(options.effective_death_vote_expiration_timeout());
+    entry.suspect_times.retain(|s| {
+        (s.time >= fresh || regress::on(Regression::StaleVotesCount))
+            && &s.suspecting_silo != me
+            && !declared.contains(&s.suspecting_silo)
+            && (regress::on(Regression::DeadVotersCount)
+                || voters_read
+                    .get(&s.suspecting_silo)
+                    .is_some_and(|voter| voter.entry.status != SiloStatus::Dead))
+    });
+    entry.suspect_times.push(SuspectTime {
+        suspecting_silo: *me,
+        time: vote_time,
+    });
+    let mut voters: Vec<_> = entry
+        .suspect_times
+        .iter()
+        .map(|s| s.suspecting_silo)
+        .collect();
+    voters.sort();
+    voters.dedup();
+    if voters.len() as u32 >= options.num_votes_for_death_declaration {
+        entry.status = SiloStatus::Dead;
+    }
+    entry
 }
 
 /// The rounds of one step: it counts them, pauses between them and ends them at its deadline.

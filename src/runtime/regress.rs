@@ -49,7 +49,11 @@ thread_local! {
 pub(crate) fn set(defect: Regression, on: bool) {
     ON.with(|b| {
         let bits = b.get();
-        b.set(if on { bits | defect.bit() } else { bits & !defect.bit() });
+        b.set(if on {
+            bits | defect.bit()
+        } else {
+            bits & !defect.bit()
+        });
     });
 }
 

@@ -153,6 +153,8 @@ impl Silo {
             task::spawn(async move {
                 let period = options.i_am_alive_table_publish_timeout;
                 let mut failed_rounds = 0u32;
+                // The kind of the last failed round (an outage until one failed otherwise).
+                let mut last_cause = crate::FailureCause::Outage;
                 loop {
                     // `biased`: one order for every run (a simulation's seed fixes the history).
                     tokio::select! {
@@ -163,6 +165,12 @@ impl Silo {
                     // The round's first read tells this silo whether it was declared dead or
                     // lost its entry — within one period on every backend, no extra round trip
                     // — and is reported before any vote. Its whole-table reads are the view.
+                    // A round that starts past the deadline: the own row is unknown already.
+                    if !regress::on(Regression::FenceCountsRounds)
+                        && tokio::time::Instant::now() >= report.own_row_until()
+                    {
+                        report.own_entry_unknown(last_cause);
+                    }
                     let mut read = false;
                     let now = clock.now();
                     let sent = tokio::time::Instant::now();
@@ -184,20 +192,22 @@ impl Silo {
                     // still a member, however long the reads in flight still take — fenced at
                     // that instant, not after a count of rounds that each take a period plus a
                     // call ([`docs::fencing`](crate::docs::fencing)).
-                    // The round goes on past that instant: its read may still answer.
+                    // The round goes on past that instant: its read may still answer. The
+                    // deadline is read again whenever the timer fires, since this round's own
+                    // first read may have moved it on meanwhile.
                     let counts_rounds = regress::on(Regression::FenceCountsRounds);
-                    let unread_at = report.own_row_until();
-                    let mut told = counts_rounds || tokio::time::Instant::now() >= unread_at;
                     let round = {
-                        let (mut round, mut unread) =
-                            (pin!(round), pin!(tokio::time::sleep_until(unread_at)));
+                        let mut round = pin!(round);
                         loop {
+                            let unread_at = report.own_row_until();
+                            let armed = !counts_rounds && tokio::time::Instant::now() < unread_at;
                             tokio::select! {
                                 biased;
                                 r = &mut round => break r,
-                                _ = &mut unread, if !told => {
-                                    told = true;
-                                    report.own_entry_unknown(crate::FailureCause::Outage);
+                                _ = tokio::time::sleep_until(unread_at), if armed => {
+                                    if tokio::time::Instant::now() >= report.own_row_until() {
+                                        report.own_entry_unknown(last_cause);
+                                    }
                                 }
                             }
                         }
@@ -209,9 +219,11 @@ impl Silo {
                                 views.failed(&e, clock.now());
                             }
                             failed_rounds = failed_rounds.saturating_add(1);
+                            last_cause = crate::FailureCause::of(&e);
                             warn!(silo = %address, error = %e, failed_rounds, "failure detection round failed");
                             let unread = tokio::time::Instant::now() >= report.own_row_until();
-                            let by_rounds = failed_rounds >= options.num_missed_table_i_am_alive_limit;
+                            let by_rounds =
+                                failed_rounds >= options.num_missed_table_i_am_alive_limit;
                             if if counts_rounds { by_rounds } else { unread } {
                                 report.own_entry_unknown(crate::FailureCause::of(&e));
                             }

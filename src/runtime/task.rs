@@ -31,9 +31,8 @@ impl Pause {
     pub(crate) fn set(&self, paused: bool) {
         self.0.paused.store(paused, Ordering::SeqCst);
         if !paused {
-            let parked = std::mem::take(
-                &mut *self.0.parked.lock().unwrap_or_else(PoisonError::into_inner),
-            );
+            let parked =
+                std::mem::take(&mut *self.0.parked.lock().unwrap_or_else(PoisonError::into_inner));
             parked.into_iter().for_each(Waker::wake);
         }
     }

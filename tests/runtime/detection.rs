@@ -388,8 +388,24 @@ async fn voters_are_judged_on_the_re_read_the_vote_is_written_on_not_the_round_s
     );
     let one = insert(&table, &clock, 1, SiloStatus::Active, zero, &[]).await;
     let four = insert(&table, &clock, 4, SiloStatus::Active, zero, &[]).await;
-    let two = insert(&table, &clock, 2, SiloStatus::Active, silent, &[(3, recent)]).await;
-    let three = insert(&table, &clock, 3, SiloStatus::Active, silent, &[(2, recent)]).await;
+    let two = insert(
+        &table,
+        &clock,
+        2,
+        SiloStatus::Active,
+        silent,
+        &[(3, recent)],
+    )
+    .await;
+    let three = insert(
+        &table,
+        &clock,
+        3,
+        SiloStatus::Active,
+        silent,
+        &[(2, recent)],
+    )
+    .await;
     // Silo 1's re-read before its vote on 2 (its second read_all) waits at the gate.
     let gate = Gate::new();
     table.inject(Injection::hold(Operation::ReadAll, &gate).after(1).times(1));
@@ -418,6 +434,45 @@ async fn voters_are_judged_on_the_re_read_the_vote_is_written_on_not_the_round_s
         voters(&row)
     );
     assert_eq!(voters(&row), vec![one], "2's vote dropped, silo 1's added");
+}
+
+/// Two live detectors whose rounds coincide every period (found by the simulation, seed 103711 at
+/// the default periods: a crashed silo stayed Active for 390 s with two live voters): each round
+/// both read, the other's vote lands first, and ours loses the race on the moved version — one
+/// attempt per round, so the second vote never landed. A vote that loses its race is retried
+/// within the round on a fresh read, which then holds the other's vote: two votes, Dead.
+#[tokio::test(start_paused = true)]
+async fn a_vote_that_loses_its_race_to_another_detector_s_vote_is_retried_within_the_round() {
+    use cassandra_membership::conformance::faults::Gate;
+    let (clock, table) = faulty_on_paused_clock();
+    table.initialize(true).await.unwrap();
+    let silent = Duration::from_secs(40);
+    let one = insert(&table, &clock, 1, SiloStatus::Active, Duration::ZERO, &[]).await;
+    let four = insert(&table, &clock, 4, SiloStatus::Active, Duration::ZERO, &[]).await;
+    let crashed = insert(&table, &clock, 2, SiloStatus::Active, silent, &[]).await;
+    // Silo 1's vote waits at the gate, decided but not yet landed.
+    let gate = Gate::new();
+    table.inject(Injection::hold(Operation::UpdateRow, &gate).times(1));
+    let now = clock.now();
+    let first = tokio::spawn({
+        let table = Arc::clone(&table);
+        async move { protocol::detection_round(table.as_ref(), &one, &options(), now).await }
+    });
+    gate.reached().await;
+    // Silo 4's vote lands first.
+    let other = protocol::detection_round(table.inner().as_ref(), &four, &options(), now)
+        .await
+        .unwrap();
+    assert!(other.declared.is_empty(), "one vote is not a death");
+    gate.release();
+    let round = first.await.unwrap().unwrap();
+    let row = table.read_row(&crashed).await.unwrap().rows[0].clone();
+    assert_eq!(
+        (round.declared.as_slice(), row.entry.status),
+        (&[crashed][..], SiloStatus::Dead),
+        "silo 1's vote lost its race and was not tried again this round; voters {:?}",
+        voters(&row)
+    );
 }
 
 /// A vote is stamped when it is written, not when its round began: with slow storage a round

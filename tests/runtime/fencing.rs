@@ -295,7 +295,10 @@ async fn a_silo_fenced_for_an_unread_own_row_serves_again_once_reads_answer() {
     table.set_blind_heartbeats(true);
     let silo = join(table.clone(), 1, &clock).await;
     // Reads are slow (5 ms) as on a network, then hang for a minute.
-    table.inject(Injection::delay(Operation::ReadAll, Duration::from_millis(5)));
+    table.inject(Injection::delay(
+        Operation::ReadAll,
+        Duration::from_millis(5),
+    ));
     let reads = table.inject(Injection::hang(Operation::ReadAll));
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert!(!silo.should_serve(), "{:?}", *silo.health().borrow());
@@ -502,4 +505,80 @@ async fn the_health_and_the_heartbeat_warning_carry_the_failure_s_cause() {
         .find(|l| l.contains("heartbeat failed; retrying"))
         .unwrap_or_else(|| panic!("no heartbeat warning in {logged}"));
     assert!(warning.contains(cause), "{warning}");
+}
+
+/// (Found in review.) The detector armed its own-row timer from `own_row_until` as it was when the round began. A
+/// round whose first read shows the own row live (moving the deadline on, clearing `unknown`) but
+/// whose votes are slow still fires the old timer and fences the silo until the next round's
+/// first read. Every read here answers at once; vote writes take 8 s (under the 10 s timeout).
+#[tokio::test(start_paused = true)]
+async fn a_round_with_slow_votes_does_not_fence_a_silo_whose_own_row_it_just_read_live() {
+    let (clock, table) = faulty_on_paused_clock();
+    let silo = join(table.clone(), 1, &clock).await;
+    // Two silos silent for 40 s: silo 1 alone votes on them each round (one vote never declares).
+    for n in [2u8, 3] {
+        let mut e = crate::utils::entry_at(n, clock.as_ref());
+        e.status = SiloStatus::Active;
+        e.i_am_alive_time = clock.now().saturating_sub(Duration::from_secs(40));
+        protocol::join(table.as_ref(), &e).await.unwrap();
+    }
+    table.inject(Injection::delay(
+        Operation::UpdateRow,
+        Duration::from_secs(8),
+    ));
+    let (fence, health) = (silo.fence(), silo.health());
+    let started = tokio::time::Instant::now();
+    let mut fenced: Vec<(Duration, String)> = Vec::new();
+    while started.elapsed() < Duration::from_secs(120) {
+        if !fence.should_serve() {
+            fenced.push((started.elapsed(), format!("{:?}", *health.borrow())));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        fenced.is_empty(),
+        "fenced in {} of 1200 samples, first at {:?}, last at {:?} (health then: {}); read_all answered at once {} times",
+        fenced.len(),
+        fenced.first().map(|f| f.0),
+        fenced.last().map(|f| f.0),
+        fenced.first().map(|f| f.1.clone()).unwrap_or_default(),
+        table.calls(Operation::ReadAll)
+    );
+    silo.crash();
+}
+
+/// (Found in review.) docs::fencing: "a silo whose heartbeats get through while the detector's reads keep failing
+/// stays fenced (`LeaseAtRisk`)". With reads hanging, a round that starts after the own-row
+/// deadline arms no timer (`told` is already true) and reports nothing until it fails a call
+/// timeout later: meanwhile the health watch says Healthy while `should_serve()` is false.
+#[tokio::test(start_paused = true)]
+async fn the_health_says_lease_at_risk_whenever_the_own_row_fence_refuses() {
+    let (clock, table) = faulty_on_paused_clock();
+    let silo = join(table.clone(), 1, &clock).await;
+    table.inject(Injection::hang(Operation::ReadAll));
+    table.inject(Injection::hang(Operation::ReadRow));
+    let (fence, health) = (silo.fence(), silo.health());
+    let started = tokio::time::Instant::now();
+    let mut window: Option<(Duration, Duration)> = None;
+    while started.elapsed() < Duration::from_secs(90) {
+        // The fence answers at the deadline's instant; the health is published by the silo's
+        // tasks as that instant's timers run: a discrepancy must not outlive the instant.
+        let differ = || health.borrow().should_serve() && !fence.should_serve();
+        if differ() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        if differ() {
+            let now = started.elapsed();
+            window = Some((window.map_or(now, |w| w.0), now));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        window.is_none(),
+        "the health watch said {:?}-may-serve while should_serve() was false, from {:?} to {:?}",
+        "Healthy",
+        window.map(|w| w.0),
+        window.map(|w| w.1)
+    );
+    silo.crash();
 }

@@ -57,8 +57,11 @@ pub(super) fn landed(
                 match was {
                     Some(b) if b.status != e.status => Some(format!("{who} {:?}", e.status)),
                     Some(b) if b.suspect_times != e.suspect_times => {
-                        let voters: Vec<String> =
-                            e.suspect_times.iter().map(|s| name(&s.suspecting_silo)).collect();
+                        let voters: Vec<String> = e
+                            .suspect_times
+                            .iter()
+                            .map(|s| name(&s.suspecting_silo))
+                            .collect();
                         Some(format!("{who} suspected by {}", voters.join(",")))
                     }
                     Some(_) => None,
@@ -87,7 +90,11 @@ pub(super) fn landed(
         if e.address == writer {
             continue;
         }
-        let voters: Vec<String> = e.suspect_times.iter().map(|s| name(&s.suspecting_silo)).collect();
+        let voters: Vec<String> = e
+            .suspect_times
+            .iter()
+            .map(|s| name(&s.suspecting_silo))
+            .collect();
         world.log(format_args!(
             "{} declared Dead by {} (votes {})",
             name(&e.address),
@@ -136,7 +143,8 @@ fn votes(
     // The writer's clock when it sent the write, less the call its re-read may have taken.
     let sent_ms = i64::try_from(sent.as_millis()).unwrap_or(i64::MAX);
     let call_ms = i64::try_from(o.effective_table_operation_timeout().as_millis()).unwrap_or(0);
-    let life_ms = i64::try_from(o.effective_death_vote_expiration_timeout().as_millis()).unwrap_or(0);
+    let life_ms =
+        i64::try_from(o.effective_death_vote_expiration_timeout().as_millis()).unwrap_or(0);
     let oldest = Timestamp::from_millis(EPOCH_MS + sent_ms + skew_ms - call_ms - life_ms);
     let mut counted: Vec<SiloAddress> = Vec::new();
     for vote in &dead.suspect_times {
@@ -190,7 +198,10 @@ fn fence_at_death(world: &World, dead: &SiloAddress) {
     if serves {
         world.violated(
             Invariant::NoServingAfterDeath,
-            format!("{} answers should_serve() == true as its death lands", name(dead)),
+            format!(
+                "{} answers should_serve() == true as its death lands",
+                name(dead)
+            ),
         );
     }
 }

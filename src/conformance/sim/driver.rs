@@ -81,8 +81,11 @@ pub(super) async fn simulate(seed: u64, config: SimConfig) -> SimReport {
     loop {
         let fault_at = world.now() + d.exponential(d.config.fault_every);
         let next_due = d.agenda.keys().next().map(|k| k.0);
-        let until = next_due.map_or(fault_at, |due| due.min(fault_at)).min(tail_start);
-        tokio::time::sleep_until(tokio::time::Instant::now() + until.saturating_sub(world.now())).await;
+        let until = next_due
+            .map_or(fault_at, |due| due.min(fault_at))
+            .min(tail_start);
+        tokio::time::sleep_until(tokio::time::Instant::now() + until.saturating_sub(world.now()))
+            .await;
         if world.now() >= tail_start {
             break;
         }
@@ -140,7 +143,10 @@ pub(super) async fn simulate(seed: u64, config: SimConfig) -> SimReport {
 
 impl Driver {
     fn random(&self, lo: Duration, hi: Duration) -> Duration {
-        let (lo, hi) = (lo.as_millis() as u64, hi.as_millis().max(lo.as_millis()) as u64);
+        let (lo, hi) = (
+            lo.as_millis() as u64,
+            hi.as_millis().max(lo.as_millis()) as u64,
+        );
         Duration::from_millis(self.world.state().rng.random_range(lo..=hi))
     }
 
@@ -200,7 +206,10 @@ impl Driver {
             let paused: Vec<SiloAddress> = running
                 .iter()
                 .copied()
-                .filter(|a| self.incarnation_ref(a).is_some_and(|i| !i.pause.is_paused()))
+                .filter(|a| {
+                    self.incarnation_ref(a)
+                        .is_some_and(|i| !i.pause.is_paused())
+                })
                 .collect();
             let Some(a) = self.pick(&paused) else { return };
             let long = self.chance(0.4);
@@ -209,7 +218,11 @@ impl Driver {
             } else {
                 self.random(period / 10, period * 2)
             };
-            self.world.log(format_args!("{} pauses for {:.3}s", name(&a), d.as_secs_f64()));
+            self.world.log(format_args!(
+                "{} pauses for {:.3}s",
+                name(&a),
+                d.as_secs_f64()
+            ));
             if let Some(i) = self.incarnation(&a) {
                 i.pause.set(true);
             }
@@ -220,12 +233,17 @@ impl Driver {
         } else if roll < 0.75 {
             let Some(a) = self.pick(&running) else { return };
             let d = self.random(period / 2, horizon * 3);
-            self.world.log(format_args!("{} cut off from storage for {:.3}s", name(&a), d.as_secs_f64()));
+            self.world.log(format_args!(
+                "{} cut off from storage for {:.3}s",
+                name(&a),
+                d.as_secs_f64()
+            ));
             self.world.state().cut.insert(a);
             self.schedule(now + d, Due::Heal(a));
         } else if roll < 0.85 {
             let d = self.random(period / 10, period * 2);
-            self.world.log(format_args!("storage storm for {:.3}s", d.as_secs_f64()));
+            self.world
+                .log(format_args!("storage storm for {:.3}s", d.as_secs_f64()));
             self.world.state().storm = true;
             self.schedule(now + d, Due::StormEnds);
         }
@@ -249,7 +267,8 @@ impl Driver {
             }
             Due::Heal(a) => {
                 self.world.state().cut.remove(&a);
-                self.world.log(format_args!("{} reaches storage again", name(&a)));
+                self.world
+                    .log(format_args!("{} reaches storage again", name(&a)));
             }
             Due::StormEnds => {
                 self.world.state().storm = false;
@@ -278,7 +297,10 @@ impl Driver {
         let pause = Pause::default();
         let holder = Arc::new(Mutex::new(None));
         let world = Arc::clone(&self.world);
-        self.world.log(format_args!("{} starts (clock {skew_ms:+} ms)", name(&address)));
+        self.world.log(format_args!(
+            "{} starts (clock {skew_ms:+} ms)",
+            name(&address)
+        ));
         let host = pause.spawn(host(world, table, address, skew_ms, Arc::clone(&holder)));
         self.slots[slot].1 = Some(Incarnation {
             address,
@@ -313,15 +335,15 @@ impl Driver {
 
     /// Crashes (`crash`) or just stops tracking an incarnation.
     fn end(&mut self, address: &SiloAddress, crash: bool) {
-        if let Some(i) = self.incarnation(address) {
-            if crash {
-                i.crashed = true;
-                i.host.abort();
-                if let Some(silo) = i.silo() {
-                    silo.crash();
-                }
-                i.pause.set(false);
+        if let Some(i) = self.incarnation(address)
+            && crash
+        {
+            i.crashed = true;
+            i.host.abort();
+            if let Some(silo) = i.silo() {
+                silo.crash();
             }
+            i.pause.set(false);
         }
     }
 
@@ -341,7 +363,9 @@ impl Driver {
         let back = self.random(horizon / 3, horizon * 2);
         let timeout = self.config.options.leave_timeout;
         let world = Arc::clone(&self.world);
-        let Some(i) = self.incarnation(address) else { return };
+        let Some(i) = self.incarnation(address) else {
+            return;
+        };
         let Some(silo) = i.silo() else { return };
         if i.pause.is_paused() {
             return;
@@ -354,11 +378,19 @@ impl Driver {
             let left = silo.leave().await;
             let took = world.now() - started;
             world.measured("leave", took);
-            world.log(format_args!("{} leave ended after {:.3}s: {left:?}", name(&address), took.as_secs_f64()));
+            world.log(format_args!(
+                "{} leave ended after {:.3}s: {left:?}",
+                name(&address),
+                took.as_secs_f64()
+            ));
             if took > timeout + Duration::from_millis(5) {
                 world.violated(
                     Invariant::LeaveWithinTimeout,
-                    format!("{} leave took {:.3}s (leave_timeout {timeout:?})", name(&address), took.as_secs_f64()),
+                    format!(
+                        "{} leave took {:.3}s (leave_timeout {timeout:?})",
+                        name(&address),
+                        took.as_secs_f64()
+                    ),
                 );
             }
         });
@@ -477,15 +509,19 @@ fn check_view(
     if view.is_stale() {
         return v;
     }
-    let seen: BTreeMap<SiloAddress, _> = view.entries().iter().map(|e| (e.address, e.status)).collect();
+    let seen: BTreeMap<SiloAddress, _> = view
+        .entries()
+        .iter()
+        .map(|e| (e.address, e.status))
+        .collect();
     let committed = world.state().versions.get(&v).cloned();
-    if let Some(committed) = committed {
-        if committed != seen {
-            world.violated(
-                Invariant::ViewsMonotonic,
-                format!("{} view of v{v} differs from what v{v} committed", name(me)),
-            );
-        }
+    if let Some(committed) = committed
+        && committed != seen
+    {
+        world.violated(
+            Invariant::ViewsMonotonic,
+            format!("{} view of v{v} differs from what v{v} committed", name(me)),
+        );
     }
     v
 }
@@ -512,7 +548,10 @@ async fn check_fences(world: Arc<World>) {
                     broken.push((
                         Invariant::NoServingAfterDeath,
                         *address,
-                        format!("{} answers should_serve() == true after its death", name(address)),
+                        format!(
+                            "{} answers should_serve() == true after its death",
+                            name(address)
+                        ),
                     ));
                 }
                 let published = st.published.get(address).copied().unwrap_or_default();

@@ -59,8 +59,10 @@ pub struct SimConfig {
 impl SimConfig {
     /// The defaults a host runs with (a 30 s publish period, 90 s detection horizon), for an hour.
     pub fn default_periods(silos: usize) -> Self {
-        let mut options = MembershipOptions::default();
-        options.defunct_silo_cleanup_period = None;
+        let options = MembershipOptions {
+            defunct_silo_cleanup_period: None,
+            ..MembershipOptions::default()
+        };
         SimConfig {
             silos,
             duration: Duration::from_secs(3_600),
@@ -73,12 +75,14 @@ impl SimConfig {
 
     /// The demo's short periods (1 s publish period, 3 s horizon), for ten minutes.
     pub fn demo(silos: usize) -> Self {
-        let mut options = MembershipOptions::default();
-        options.defunct_silo_cleanup_period = None;
-        options.i_am_alive_table_publish_timeout = Duration::from_secs(1);
-        options.table_operation_timeout = Some(Duration::from_millis(500));
-        options.leave_timeout = Duration::from_secs(5);
-        options.max_join_attempt_time = Duration::from_secs(20);
+        let options = MembershipOptions {
+            defunct_silo_cleanup_period: None,
+            i_am_alive_table_publish_timeout: Duration::from_secs(1),
+            table_operation_timeout: Some(Duration::from_millis(500)),
+            leave_timeout: Duration::from_secs(5),
+            max_join_attempt_time: Duration::from_secs(20),
+            ..MembershipOptions::default()
+        };
         SimConfig {
             silos,
             duration: Duration::from_secs(600),
@@ -183,7 +187,13 @@ impl SimReport {
             self.log.len()
         );
         for v in &self.violations {
-            let _ = writeln!(out, "  {:>10.3}s {:?}: {}", v.at.as_secs_f64(), v.invariant, v.detail);
+            let _ = writeln!(
+                out,
+                "  {:>10.3}s {:?}: {}",
+                v.at.as_secs_f64(),
+                v.invariant,
+                v.detail
+            );
         }
         if let Some(first) = self.violations.first() {
             let names: Vec<&str> = first
@@ -194,7 +204,11 @@ impl SimReport {
                 .collect();
             let _ = writeln!(out, "the events of {names:?} up to the first violation:");
             let upto = format!("{:>10.3}", first.at.as_secs_f64());
-            for line in self.log.iter().filter(|l| names.iter().any(|n| mentions(l, n))) {
+            for line in self
+                .log
+                .iter()
+                .filter(|l| names.iter().any(|n| mentions(l, n)))
+            {
                 if line.get(..10).is_some_and(|at| at > upto.as_str()) {
                     break;
                 }

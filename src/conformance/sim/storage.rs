@@ -133,12 +133,18 @@ impl World {
     }
 
     /// The fate of one call of `silo`'s: its latency each way and what happens to it.
-    fn plan(&self, silo: &SiloAddress, write: bool, conditional: bool) -> (Duration, Duration, Fate) {
+    fn plan(
+        &self,
+        silo: &SiloAddress,
+        write: bool,
+        conditional: bool,
+    ) -> (Duration, Duration, Fate) {
         let mut st = self.state();
         let cut = st.cut.contains(silo);
         let storm = st.storm;
         let rng = &mut st.rng;
-        let ms = |rng: &mut StdRng, lo: u64, hi: u64| Duration::from_millis(rng.random_range(lo..=hi));
+        let ms =
+            |rng: &mut StdRng, lo: u64, hi: u64| Duration::from_millis(rng.random_range(lo..=hi));
         let (out, back) = if storm && rng.random_bool(0.3) {
             (ms(rng, 5, 2_000), ms(rng, 5, 2_000))
         } else if rng.random_bool(0.02) {
@@ -147,7 +153,11 @@ impl World {
             (ms(rng, 1, 8), ms(rng, 1, 8))
         };
         if cut {
-            let fate = if rng.random_bool(0.5) { Fate::Hang } else { Fate::Unavailable };
+            let fate = if rng.random_bool(0.5) {
+                Fate::Hang
+            } else {
+                Fate::Unavailable
+            };
             return (out, back, fate);
         }
         let scale = if storm { 40.0 } else { 1.0 };
@@ -161,7 +171,11 @@ impl World {
         let fate = if next(p(0.002)) {
             Fate::Hang
         } else if next(p(0.002)) {
-            if write { Fate::Unavailable } else { Fate::TimedOut }
+            if write {
+                Fate::Unavailable
+            } else {
+                Fate::TimedOut
+            }
         } else if write && next(p(0.002)) {
             Fate::AppliedUnknown
         } else if write && next(p(0.001)) {
@@ -210,7 +224,11 @@ impl SkewedClock {
 impl Clock for SkewedClock {
     fn now(&self) -> Timestamp {
         let elapsed = i64::try_from(self.start.elapsed().as_millis()).unwrap_or(i64::MAX);
-        Timestamp::from_millis(EPOCH_MS.saturating_add(elapsed).saturating_add(self.skew_ms))
+        Timestamp::from_millis(
+            EPOCH_MS
+                .saturating_add(elapsed)
+                .saturating_add(self.skew_ms),
+        )
     }
 }
 
@@ -322,9 +340,7 @@ impl SiloTable {
             }
             Fate::Answer => {
                 let landed = tokio::spawn(land(Arc::clone(&self.world), self.me, self.skew_ms));
-                let result = landed
-                    .await
-                    .unwrap_or_else(|_| Err(unavailable(operation)));
+                let result = landed.await.unwrap_or_else(|_| Err(unavailable(operation)));
                 tokio::time::sleep(back).await;
                 result
             }
@@ -361,10 +377,15 @@ impl MembershipTable for SiloTable {
     }
 
     async fn read_row(&self, address: &SiloAddress) -> Result<MembershipSnapshot> {
-        self.read("read_row", self.world.table.read_row(address)).await
+        self.read("read_row", self.world.table.read_row(address))
+            .await
     }
 
-    async fn insert_row(&self, entry: &MembershipEntry, new_version: &TableVersion) -> Result<bool> {
+    async fn insert_row(
+        &self,
+        entry: &MembershipEntry,
+        new_version: &TableVersion,
+    ) -> Result<bool> {
         let (entry, version) = (entry.clone(), new_version.clone());
         let sent = self.world.now();
         let applied = self
