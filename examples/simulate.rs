@@ -58,6 +58,7 @@ enum Defect {
     StaleVotesCount,
     DeadVotersCount,
     ServeFromCachedHealth,
+    OneVoteAttemptARound,
 }
 
 impl From<Defect> for Regression {
@@ -68,6 +69,7 @@ impl From<Defect> for Regression {
             Defect::StaleVotesCount => Regression::StaleVotesCount,
             Defect::DeadVotersCount => Regression::DeadVotersCount,
             Defect::ServeFromCachedHealth => Regression::ServeFromCachedHealth,
+            Defect::OneVoteAttemptARound => Regression::OneVoteAttemptARound,
         }
     }
 }

@@ -462,7 +462,12 @@ pub(crate) async fn detection_round_reporting(
         // re-read and our write) is tried again on a fresh read, up to `VOTE_ATTEMPTS` writes:
         // with one attempt a round, two detectors whose rounds coincide every period starved
         // each other's second vote for good (the simulation, seed 103711).
-        for attempt in 0..VOTE_ATTEMPTS {
+        let attempts = if regress::on(Regression::OneVoteAttemptARound) {
+            1
+        } else {
+            VOTE_ATTEMPTS
+        };
+        for attempt in 0..attempts {
             if attempt > 0 {
                 pause(attempt, deadline_after(t)).await;
             }

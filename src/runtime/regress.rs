@@ -18,9 +18,9 @@ pub enum Regression {
     DeadVotersCount,
     /// Turn 4: `should_serve` answered from the last published health, not the deadline.
     ServeFromCachedHealth,
-    /// Turn 3: a vote applies though the suspect's heartbeat moved since the vote's read (the
-    /// write conditioned on the entry's tag alone). Switched in the simulation's storage.
-    VoteIgnoresHeartbeat,
+    /// Issue 47 (found by the simulation): one vote write a round, so two detectors whose rounds
+    /// coincide starve each other's second vote.
+    OneVoteAttemptARound,
 }
 
 impl Regression {
@@ -31,7 +31,7 @@ impl Regression {
         Regression::StaleVotesCount,
         Regression::DeadVotersCount,
         Regression::ServeFromCachedHealth,
-        Regression::VoteIgnoresHeartbeat,
+        Regression::OneVoteAttemptARound,
     ];
 
     fn bit(self) -> u32 {

@@ -87,7 +87,11 @@ pub(super) fn landed(
             continue;
         }
         world.state().deaths.insert(e.address, now);
-        if e.address == writer {
+        if e.address == writer || world.state().by_operator.contains(&e.address) {
+            world.log(format_args!(
+                "{} Dead (by itself or an operator)",
+                name(&e.address)
+            ));
             continue;
         }
         let voters: Vec<String> = e
@@ -140,9 +144,10 @@ fn votes(
     dead: &crate::model::MembershipEntry,
 ) {
     let o = &world.options;
-    // The writer's clock when it sent the write, less the call its re-read may have taken.
+    // The writer's clock when it sent the write.
     let sent_ms = i64::try_from(sent.as_millis()).unwrap_or(i64::MAX);
-    let call_ms = i64::try_from(o.effective_table_operation_timeout().as_millis()).unwrap_or(0);
+    // A vote is stamped just before its write is sent (after its re-read): 5 ms for rounding.
+    let call_ms = 5;
     let life_ms =
         i64::try_from(o.effective_death_vote_expiration_timeout().as_millis()).unwrap_or(0);
     let oldest = Timestamp::from_millis(EPOCH_MS + sent_ms + skew_ms - call_ms - life_ms);
@@ -190,6 +195,10 @@ fn votes(
 
 /// [`Invariant::NoServingAfterDeath`], at the instant the death lands.
 fn fence_at_death(world: &World, dead: &SiloAddress) {
+    if world.state().by_operator.contains(dead) {
+        // Unseen by the silo until it reads its row: `FenceBound`'s own-row part applies.
+        return;
+    }
     let serves = world
         .state()
         .fences

@@ -12,8 +12,9 @@ use tokio::task::JoinHandle;
 use super::check::name;
 use super::storage::{SiloTable, World};
 use super::{Invariant, SimConfig, SimReport};
-use crate::model::SiloAddress;
+use crate::model::{SiloAddress, SiloStatus, Timestamp};
 use crate::runtime::health::SiloHealth;
+use crate::runtime::protocol;
 use crate::runtime::silo::Silo;
 use crate::runtime::task::Pause;
 use crate::table::MembershipTable;
@@ -48,6 +49,8 @@ enum Due {
     Heal(SiloAddress),
     StormEnds,
     Restart(usize),
+    /// A crashed silo must be Dead by now if enough steady voters remain.
+    CheckDead(SiloAddress),
 }
 
 struct Driver {
@@ -71,10 +74,23 @@ pub(super) async fn simulate(seed: u64, config: SimConfig) -> SimReport {
         next_id: 0,
         silo_time: Duration::ZERO,
     };
+    let blind = d.chance(0.5);
+    world.state().blind_heartbeats = blind;
+    world.log(format_args!(
+        "heartbeats {} the entry's status",
+        if blind { "do not check" } else { "check" }
+    ));
     let checker = tokio::spawn(check_fences(Arc::clone(&world)));
     let period = d.config.options.i_am_alive_table_publish_timeout;
+    // A third of the histories start cold: every silo at once (a rollout, a cluster's first
+    // start), so their periodic rounds begin in step.
+    let cold = d.chance(0.34);
     for slot in 0..d.slots.len() {
-        let at = d.random(Duration::ZERO, period);
+        let at = if cold {
+            Duration::ZERO
+        } else {
+            d.random(Duration::ZERO, period)
+        };
         d.schedule(at, Due::Restart(slot));
     }
     let tail_start = d.config.duration.saturating_sub(d.config.quiet_tail());
@@ -100,10 +116,23 @@ pub(super) async fn simulate(seed: u64, config: SimConfig) -> SimReport {
     }
     // The quiet tail: every fault healed, nothing new; the crashed stay down.
     world.log("quiet tail: faults healed, no new ones");
-    for (_, due) in std::mem::take(&mut d.agenda) {
-        if !matches!(due, Due::Restart(_)) {
-            d.apply(due);
+    for (key, due) in std::mem::take(&mut d.agenda) {
+        match due {
+            Due::Restart(_) => {}
+            Due::CheckDead(_) => {
+                d.agenda.insert(key, due);
+            }
+            other => d.apply(other),
         }
+    }
+    // The crashes' checks that fall in the tail, each at its time.
+    while let Some(((at, _), due)) = d.agenda.pop_first() {
+        if at > d.config.duration {
+            break;
+        }
+        tokio::time::sleep_until(tokio::time::Instant::now() + at.saturating_sub(world.now()))
+            .await;
+        d.apply(due);
     }
     let crashed: Vec<SiloAddress> = d.down_and_not_dead();
     // Let the resumed and reconnected settle (one period), then count who can vote.
@@ -202,6 +231,16 @@ impl Driver {
             self.end(&a, true);
             let back = self.random(period, horizon * 3);
             self.schedule(now + back, Due::Restart(slot_of(&a)));
+            // A member (its join ended Active) must be declared dead; a crash mid-join leaves a
+            // Joining entry, which no one votes on (defunct cleanup or expiry removes it).
+            let (landed, member) = {
+                let st = self.world.state();
+                (st.landed.get(&a).copied(), st.joined.contains_key(&a))
+            };
+            if member {
+                let check = (landed.unwrap_or(now) + self.config.detection_bound()).max(now);
+                self.schedule(check, Due::CheckDead(a));
+            }
         } else if roll < 0.45 {
             let paused: Vec<SiloAddress> = running
                 .iter()
@@ -226,6 +265,8 @@ impl Driver {
             if let Some(i) = self.incarnation(&a) {
                 i.pause.set(true);
             }
+            self.world.state().disturbed.insert(a, now);
+            self.world.state().paused.insert(a);
             self.schedule(now + d, Due::Resume(a));
         } else if roll < 0.55 {
             let Some(a) = self.pick(&running) else { return };
@@ -239,13 +280,20 @@ impl Driver {
                 d.as_secs_f64()
             ));
             self.world.state().cut.insert(a);
+            self.world.state().disturbed.insert(a, now);
             self.schedule(now + d, Due::Heal(a));
         } else if roll < 0.85 {
             let d = self.random(period / 10, period * 2);
             self.world
                 .log(format_args!("storage storm for {:.3}s", d.as_secs_f64()));
-            self.world.state().storm = true;
+            let mut st = self.world.state();
+            st.storm = true;
+            st.storm_seen = Some(now);
+            drop(st);
             self.schedule(now + d, Due::StormEnds);
+        } else if roll < 0.9 {
+            let Some(a) = self.pick(&running) else { return };
+            self.operator_declares_dead(a);
         }
         // Otherwise a quiet spell.
     }
@@ -258,23 +306,33 @@ impl Driver {
     }
 
     fn apply(&mut self, due: Due) {
+        let now = self.world.now();
         match due {
             Due::Resume(a) => {
                 if let Some(i) = self.incarnation(&a) {
                     i.pause.set(false);
                     self.world.log(format_args!("{} resumes", name(&a)));
                 }
+                self.world.state().disturbed.insert(a, now);
+                self.world.state().paused.remove(&a);
             }
             Due::Heal(a) => {
-                self.world.state().cut.remove(&a);
+                let mut st = self.world.state();
+                st.cut.remove(&a);
+                st.disturbed.insert(a, now);
+                drop(st);
                 self.world
                     .log(format_args!("{} reaches storage again", name(&a)));
             }
             Due::StormEnds => {
-                self.world.state().storm = false;
+                let mut st = self.world.state();
+                st.storm = false;
+                st.storm_seen = Some(now);
+                drop(st);
                 self.world.log("storage calm again");
             }
             Due::Restart(slot) => self.start(slot),
+            Due::CheckDead(a) => self.check_dead(a),
         }
     }
 
@@ -335,6 +393,7 @@ impl Driver {
 
     /// Crashes (`crash`) or just stops tracking an incarnation.
     fn end(&mut self, address: &SiloAddress, crash: bool) {
+        self.world.state().ended.insert(*address);
         if let Some(i) = self.incarnation(address)
             && crash
         {
@@ -372,6 +431,7 @@ impl Driver {
         }
         i.leaving = true;
         let address = i.address;
+        world.state().ended.insert(address);
         i.pause.spawn(async move {
             world.log(format_args!("{} leaves", name(&address)));
             let started = world.now();
@@ -395,6 +455,77 @@ impl Driver {
             }
         });
         self.schedule(now + back, Due::Restart(slot_of(&address)));
+    }
+
+    /// An operator declares `a` dead (`cassandra-membership declare-dead`): written directly,
+    /// outside the silos; the silo learns it only from its reads (heartbeats may be blind).
+    fn operator_declares_dead(&mut self, a: SiloAddress) {
+        let world = Arc::clone(&self.world);
+        world.state().by_operator.insert(a);
+        world.log(format_args!("an operator declares {} dead", name(&a)));
+        let at = world.now();
+        tokio::spawn(async move {
+            let table = &world.table;
+            let before = table.read_all().await;
+            let millis = i64::try_from(at.as_millis()).unwrap_or(i64::MAX);
+            let now = Timestamp::from_millis(super::storage::EPOCH_MS.saturating_add(millis));
+            let _ = protocol::set_status(table, &a, SiloStatus::Dead, now).await;
+            let after = table.read_all().await;
+            if let (Ok(before), Ok(after)) = (before, after) {
+                super::check::landed(&world, a, 0, at, &before, &after);
+            }
+        });
+    }
+
+    /// [`Invariant::DeadWithinBound`] for a crashed silo, at its bound: Dead, unless fewer than
+    /// the votes needed were steady voters (serving, undisturbed) since its last I-am-alive time.
+    fn check_dead(&mut self, a: SiloAddress) {
+        let st = self.world.state();
+        let since = st.landed.get(&a).copied().unwrap_or_default();
+        if let Some(&died) = st.deaths.get(&a) {
+            drop(st);
+            self.world.measured(
+                "a crashed member Dead after its last I-am-alive time",
+                died.saturating_sub(since),
+            );
+            return;
+        }
+        drop(st);
+        // A write it sent before crashing may have landed since: the bound counts from it.
+        let due = since + self.config.detection_bound();
+        if self.world.now() < due {
+            self.schedule(due, Due::CheckDead(a));
+            return;
+        }
+        let steady = self
+            .slots
+            .iter()
+            .filter_map(|(_, i)| i.as_ref())
+            .filter(|i| !i.crashed && !i.leaving && !i.pause.is_paused() && i.started < since)
+            .filter(|i| {
+                self.world
+                    .last_disturbed(&i.address)
+                    .is_none_or(|d| d < since)
+            })
+            .filter(|i| {
+                self.world
+                    .state()
+                    .fences
+                    .get(&i.address)
+                    .is_some_and(crate::runtime::health::Fence::should_serve)
+            })
+            .count() as u32;
+        if steady >= self.config.options.num_votes_for_death_declaration {
+            self.world.violated(
+                Invariant::DeadWithinBound,
+                format!(
+                    "{} crashed and is not Dead {:.3}s after the I-am-alive time it last stored, with {steady} steady voters (bound {:?})",
+                    name(&a),
+                    (self.world.now() - since).as_secs_f64(),
+                    self.config.detection_bound()
+                ),
+            );
+        }
     }
 
     /// Members that can vote: joined, running, serving.
@@ -454,7 +585,11 @@ async fn host(
         }
     };
     world.log(format_args!("{} joined", name(&address)));
-    world.state().fences.insert(address, silo.fence());
+    let now = world.now();
+    let mut st = world.state();
+    st.fences.insert(address, silo.fence());
+    st.joined.insert(address, now);
+    drop(st);
     *holder.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&silo));
     // The observer is not the silo's: it sees each view and health as it is published.
     let (mut views, mut health) = (silo.view(), silo.health());
@@ -542,9 +677,36 @@ async fn check_fences(world: Arc<World>) {
             let st = world.state();
             for (address, fence) in &st.fences {
                 if !fence.should_serve() {
+                    // A silo whose calls have all answered promptly for a detection horizon and
+                    // two periods, and that nobody declared dead, must serve.
+                    let steady_since = st
+                        .disturbed
+                        .get(address)
+                        .copied()
+                        .max(st.storm_seen)
+                        .max(st.joined.get(address).copied())
+                        .unwrap_or_default();
+                    let settled = horizon + world.options.i_am_alive_table_publish_timeout * 2;
+                    if !st.ended.contains(address)
+                        && !st.paused.contains(address)
+                        && !st.cut.contains(address)
+                        && !st.deaths.contains_key(address)
+                        && now.saturating_sub(steady_since) > settled
+                    {
+                        broken.push((
+                            Invariant::HealthySiloServes,
+                            *address,
+                            format!(
+                                "{} refuses to serve though every call of its answered promptly for {:.3}s (health {:?})",
+                                name(address),
+                                now.saturating_sub(steady_since).as_secs_f64(),
+                                fence.health()
+                            ),
+                        ));
+                    }
                     continue;
                 }
-                if st.deaths.contains_key(address) {
+                if st.deaths.contains_key(address) && !st.by_operator.contains(address) {
                     broken.push((
                         Invariant::NoServingAfterDeath,
                         *address,

@@ -130,7 +130,8 @@ pub enum Invariant {
     /// silo last stored.
     NoLiveSiloDeclaredDead,
     /// docs::fencing: a host never serves after the others declared its silo dead — no
-    /// `should_serve() == true` at any instant after its death applied, pauses included.
+    /// `should_serve() == true` at any instant after its death applied, pauses included. (A
+    /// death an operator writes is seen only by the silo's next read: `FenceBound` bounds it.)
     NoServingAfterDeath,
     /// docs::fencing, "The horizons" and "The silo's own row": `should_serve()` is false from the
     /// fence horizon after the start of the last publish that succeeded, and from one detection
@@ -147,6 +148,9 @@ pub enum Invariant {
     ViewsMonotonic,
     /// `Silo::leave`: a leave ends within `leave_timeout`.
     LeaveWithinTimeout,
+    /// docs::fencing, "The horizons": a healthy silo is never fenced — one whose every call
+    /// answered promptly for a detection horizon and two periods, not declared dead, serves.
+    HealthySiloServes,
 }
 
 /// A guarantee broken at one instant of a history.

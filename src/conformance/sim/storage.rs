@@ -48,6 +48,21 @@ pub(super) struct State {
     pub(super) storm: bool,
     /// Silos whose calls do not reach storage.
     pub(super) cut: BTreeSet<SiloAddress>,
+    /// When each silo was last disturbed ([`World::last_disturbed`]).
+    pub(super) disturbed: BTreeMap<SiloAddress, Duration>,
+    /// The last instant a storm was on.
+    pub(super) storm_seen: Option<Duration>,
+    /// Heartbeats do not check the entry's status (the Cassandra table between lease renewals
+    /// answers `Refreshed` on a Dead row): a silo learns it is dead only from its reads.
+    pub(super) blind_heartbeats: bool,
+    /// Incarnations that crashed or are leaving: their fence is false by design.
+    pub(super) ended: BTreeSet<SiloAddress>,
+    /// Silos paused now.
+    pub(super) paused: BTreeSet<SiloAddress>,
+    /// When each silo joined.
+    pub(super) joined: BTreeMap<SiloAddress, Duration>,
+    /// Deaths an operator wrote (the silo learns them only from its reads).
+    pub(super) by_operator: BTreeSet<SiloAddress>,
     /// The latest I-am-alive time each silo stored (heartbeat, or its join's writes), on the
     /// simulation's time line.
     pub(super) landed: BTreeMap<SiloAddress, Duration>,
@@ -83,6 +98,13 @@ impl World {
                 violations: Vec::new(),
                 storm: false,
                 cut: BTreeSet::new(),
+                disturbed: BTreeMap::new(),
+                storm_seen: None,
+                blind_heartbeats: false,
+                ended: BTreeSet::new(),
+                by_operator: BTreeSet::new(),
+                joined: BTreeMap::new(),
+                paused: BTreeSet::new(),
                 landed: BTreeMap::new(),
                 published: BTreeMap::new(),
                 own_read: BTreeMap::new(),
@@ -145,7 +167,11 @@ impl World {
         let rng = &mut st.rng;
         let ms =
             |rng: &mut StdRng, lo: u64, hi: u64| Duration::from_millis(rng.random_range(lo..=hi));
-        let (out, back) = if storm && rng.random_bool(0.3) {
+        let call = self.options.effective_table_operation_timeout().as_millis() as u64;
+        let (out, back) = if storm && rng.random_bool(0.05) {
+            // Slower than the caller waits: a write that lands after its caller gave up.
+            (ms(rng, call / 2, call * 2), ms(rng, 1, call))
+        } else if storm && rng.random_bool(0.3) {
             (ms(rng, 5, 2_000), ms(rng, 5, 2_000))
         } else if rng.random_bool(0.02) {
             (ms(rng, 20, 400), ms(rng, 1, 400))
@@ -158,6 +184,8 @@ impl World {
             } else {
                 Fate::Unavailable
             };
+            let now = self.now();
+            st.disturbed.insert(*silo, now);
             return (out, back, fate);
         }
         let scale = if storm { 40.0 } else { 1.0 };
@@ -185,7 +213,19 @@ impl World {
         } else {
             Fate::Answer
         };
+        // A silo whose call did not simply answer, or answered slowly, is not steady now.
+        if fate != Fate::Answer || out + back > Duration::from_millis(call / 4) {
+            let now = self.now();
+            st.disturbed.insert(*silo, now);
+        }
         (out, back, fate)
+    }
+
+    /// When `silo` was last disturbed (a call that failed, hung or was slow; a pause or a cut;
+    /// a storm), or `None`.
+    pub(super) fn last_disturbed(&self, silo: &SiloAddress) -> Option<Duration> {
+        let st = self.state();
+        st.disturbed.get(silo).copied().max(st.storm_seen)
     }
 }
 
@@ -260,7 +300,7 @@ impl SiloTable {
     async fn read(
         &self,
         operation: &'static str,
-        call: impl Future<Output = Result<MembershipSnapshot>>,
+        call: impl Future<Output = Result<MembershipSnapshot>> + Send + 'static,
     ) -> Result<MembershipSnapshot> {
         let sent = self.world.now();
         let (out, back, fate) = self.world.plan(&self.me, false, false);
@@ -278,8 +318,15 @@ impl SiloTable {
                 })
             }
             _ => {
-                tokio::time::sleep(out).await;
-                let snapshot = call.await?;
+                // Served `out` after it is sent, on a task of its own: a caller paused meanwhile
+                // gets the answer storage gave then, not a fresh one at its resume.
+                let served = tokio::spawn(async move {
+                    tokio::time::sleep(out).await;
+                    call.await
+                });
+                let snapshot = served
+                    .await
+                    .unwrap_or_else(|_| Err(unavailable(operation)))?;
                 tokio::time::sleep(back).await;
                 let live = snapshot
                     .get(&self.me)
@@ -373,11 +420,14 @@ impl MembershipTable for SiloTable {
     }
 
     async fn read_all(&self) -> Result<MembershipSnapshot> {
-        self.read("read_all", self.world.table.read_all()).await
+        let table = self.world.table.clone();
+        self.read("read_all", async move { table.read_all().await })
+            .await
     }
 
     async fn read_row(&self, address: &SiloAddress) -> Result<MembershipSnapshot> {
-        self.read("read_row", self.world.table.read_row(address))
+        let (table, address) = (self.world.table.clone(), *address);
+        self.read("read_row", async move { table.read_row(&address).await })
             .await
     }
 
@@ -430,7 +480,13 @@ impl MembershipTable for SiloTable {
             .write("update_i_am_alive", None, move |t| async move {
                 t.update_i_am_alive(&address, time).await
             })
-            .await;
+            .await
+            .map(|outcome| match outcome {
+                HeartbeatOutcome::DeclaredDead { lease } if self.world.state().blind_heartbeats => {
+                    HeartbeatOutcome::Refreshed { lease }
+                }
+                other => other,
+            });
         if matches!(outcome, Ok(HeartbeatOutcome::Refreshed { .. })) {
             self.published(sent);
         }
