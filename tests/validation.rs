@@ -264,3 +264,58 @@ fn max_defunct_silo_entries_is_a_count_or_off_and_a_negative_one_is_refused_by_n
     let back = toml::to_string(&MembershipOptions::default()).unwrap();
     assert!(back.contains("max_defunct_silo_entries = 25"), "{back}");
 }
+
+/// A `password_file` that is a FIFO no one writes (a secrets agent not there yet): `connect`
+/// answers within `connect_timeout`, and the runtime it ran on drops at once — the read must not
+/// sit in the runtime's blocking pool, which a runtime's drop waits for (issue 48: the CLI and
+/// the service hung at exit).
+#[test]
+fn a_password_fifo_no_one_writes_bounds_connect_and_never_pins_the_runtime() {
+    let dir = std::env::temp_dir().join(format!("cm-fifo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("password");
+    let _ = std::fs::remove_file(&fifo);
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo failed");
+    // Nothing listens there: the connect would fail fast, after the password.
+    let mut options = CassandraClusteringOptions::default()
+        .contact_points(["127.0.0.1:1"])
+        .connect_timeout(Duration::from_secs(1));
+    options.service_id = "svc".into();
+    options.cluster_id = "c".into();
+    options.credentials = Some(Credentials::from_file("app", &fifo));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let started = std::time::Instant::now();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let r = rt.block_on(cassandra_membership::CassandraMembershipTable::connect(
+            options,
+        ));
+        let answered = started.elapsed();
+        drop(rt);
+        let _ = tx.send((r.err().map(|e| e.to_string()), answered, started.elapsed()));
+    });
+    let (err, answered, dropped) = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("connect (or the runtime's drop) still waiting on the FIFO after 10 s");
+    let _ = std::fs::remove_dir_all(&dir);
+    let err = err.expect("connect succeeded with no node");
+    assert!(
+        answered < Duration::from_millis(1_900),
+        "answered after {answered:?}"
+    );
+    assert!(
+        dropped < answered + Duration::from_millis(500),
+        "the runtime's drop waited: {dropped:?}"
+    );
+    assert!(
+        err.contains("password_file") && err.contains("connect_timeout"),
+        "{err}"
+    );
+}

@@ -200,6 +200,8 @@ impl CassandraMembershipTable {
         customize: impl FnOnce(SessionBuilder) -> SessionBuilder,
     ) -> Result<Self> {
         options.validate()?;
+        // One bound for all of it: the password, TCP, handshake, login, metadata.
+        let deadline = tokio::time::Instant::now() + options.connect_timeout;
         let per_connection =
             per_connection_timeout(options.connect_timeout, options.contact_points.len());
         let mut builder = SessionBuilder::new()
@@ -207,12 +209,7 @@ impl CassandraMembershipTable {
             .connection_timeout(per_connection);
         if let Some(c) = &options.credentials {
             use secrecy::ExposeSecret;
-            // A password file is read off the runtime's threads (a slow mount, or a FIFO a
-            // secrets agent fills, must not stall other tasks).
-            let source = c.clone();
-            let password = tokio::task::spawn_blocking(move || source.password())
-                .await
-                .map_err(|e| MembershipError::config("credentials", e.to_string()))??;
+            let password = c.password_until(deadline, options.connect_timeout).await?;
             builder = builder.user(c.username.clone(), password.expose_secret());
         }
         if let Some(filter) = datacenter::host_filter(&options) {
@@ -221,7 +218,7 @@ impl CassandraMembershipTable {
         // The driver bounds each TCP connect (and tries the contact points one after another,
         // so each gets a share of the budget), but not a node that completes the TCP handshake
         // and then never answers: the whole build is bounded here.
-        let built = tokio::time::timeout(options.connect_timeout, customize(builder).build()).await;
+        let built = tokio::time::timeout_at(deadline, customize(builder).build()).await;
         // The driver's error text never holds the password; it names nodes and causes.
         let session = match built {
             Ok(Ok(session)) => session,

@@ -109,6 +109,48 @@ impl Credentials {
         Ok(())
     }
 
+    /// The password, by `deadline`. A `password_file` is read on a thread of its own, not the
+    /// runtime's: a slow mount or a FIFO a secrets agent has not filled yet must neither stall other
+    /// tasks nor keep the runtime from dropping once the host gave up (a runtime's drop waits for its
+    /// `spawn_blocking` tasks; a detached thread it does not). Past the deadline the thread is left
+    /// blocked on the file: it ends when the file answers, or with the process.
+    pub(crate) async fn password_until(
+        &self,
+        deadline: tokio::time::Instant,
+        connect_timeout: std::time::Duration,
+    ) -> Result<SecretString> {
+        let Some(path) = self.password_file.clone() else {
+            return self.password();
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let source = self.clone();
+        std::thread::Builder::new()
+            .name("cassandra-membership-password-file".into())
+            .spawn(move || {
+                let _ = tx.send(source.password());
+            })
+            .map_err(|e| MembershipError::Unavailable {
+                operation: "connect",
+                source: format!("no thread to read credentials.password_file: {e}").into(),
+            })?;
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(password)) => password,
+            Ok(Err(_)) => Err(MembershipError::config(
+                "credentials.password_file",
+                "its reading thread ended without an answer",
+            )),
+            Err(_) => Err(MembershipError::Unavailable {
+                operation: "connect",
+                source: format!(
+                    "credentials.password_file {} could not be read within connect_timeout ({connect_timeout:?}): \
+                     a FIFO no one has written yet, or a mount that does not answer",
+                    path.display()
+                )
+                .into(),
+            }),
+        }
+    }
+
     /// The password, read from where the options say. An unset, empty or non-Unicode variable,
     /// or a file that cannot be read or is empty, is an [`InvalidConfiguration`](MembershipError::InvalidConfiguration)
     /// naming the option and the variable or file (never the value).
