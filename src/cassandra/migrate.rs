@@ -138,9 +138,11 @@ pub struct ClusterMigration {
     pub service_id: String,
     /// The cluster id.
     pub cluster_id: String,
-    /// Entries written (or, in a dry run, to write).
+    /// Entries written (or, in a dry run, to write); 0 for a cluster left as the target holds
+    /// it ([`Verification::TargetMovedOn`], [`Verification::SourceChanged`]).
     pub entries_copied: usize,
-    /// Heartbeat cells written (or to write).
+    /// Heartbeat cells written (or to write); 0 for a cluster left as it is, like
+    /// `entries_copied`.
     pub heartbeats_copied: usize,
     /// The table version copied, if the cluster had one.
     pub version: Option<u64>,
@@ -162,6 +164,12 @@ pub struct ClusterMigration {
 }
 
 impl ClusterMigration {
+    /// The run wrote nothing of this cluster: it counts nothing as copied.
+    pub(crate) fn nothing_written(&mut self) {
+        self.entries_copied = 0;
+        self.heartbeats_copied = 0;
+    }
+
     /// The target already held part of this cluster (a repeated or resumed run).
     pub fn resumed(&self) -> bool {
         self.already_present > 0

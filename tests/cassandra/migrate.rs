@@ -191,6 +191,16 @@ fn verification(report: &MigrationReport, cluster: &str) -> Verification {
         .clone()
 }
 
+/// What the report says it wrote of `cluster`: (entries, heartbeats).
+fn copied(report: &MigrationReport, cluster: &str) -> (usize, usize) {
+    let c = report
+        .clusters
+        .iter()
+        .find(|c| c.cluster_id == cluster)
+        .unwrap_or_else(|| panic!("{cluster} not in {report:?}"));
+    (c.entries_copied, c.heartbeats_copied)
+}
+
 /// The source's version moved on between an interrupted run and the next: the next run copies
 /// nothing over the stale copy and does not report it verified.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -267,6 +277,8 @@ async fn a_run_again_after_the_source_changed_is_not_verified() {
             "{run} run: {again:?}"
         );
         assert_eq!(target_holds(&session, &target, &cluster).await, (3, 3));
+        // Nothing was written: the report counts nothing as copied (issue 48).
+        assert_eq!(copied(&again, &cluster), (0, 0), "{run} run: {again:?}");
     }
 }
 
@@ -422,6 +434,7 @@ async fn a_run_again_over_a_target_whose_silos_wrote_and_whose_version_is_lost_c
         Verification::TargetMovedOn,
         "{again:?}"
     );
+    assert_eq!(copied(&again, &cluster), (0, 0), "{again:?}");
     drop(proxy);
 }
 

@@ -165,12 +165,14 @@ impl CassandraMembershipTable {
                 warn!(service = %cluster.service_id, cluster = %cluster.cluster_id,
                     "the target holds writes newer than the source's: its silos wrote there since an earlier copy; not copied again");
                 cluster.verification = Verification::TargetMovedOn;
+                cluster.nothing_written();
                 return Ok(());
             }
             Rerun::SourceChanged(why) => {
                 warn!(service = %cluster.service_id, cluster = %cluster.cluster_id, reason = %why,
                     "the source changed since an earlier copy: the copy there is stale and is left as it is");
                 cluster.verification = Verification::SourceChanged(why);
+                cluster.nothing_written();
                 return Ok(());
             }
         }
