@@ -235,7 +235,11 @@ impl Driver {
             // Joining entry, which no one votes on (defunct cleanup or expiry removes it).
             let (landed, member) = {
                 let st = self.world.state();
-                (st.landed.get(&a).copied(), st.joined.contains_key(&a))
+                let alive = !st.deaths.contains_key(&a);
+                (
+                    st.landed.get(&a).copied(),
+                    alive && st.joined.contains_key(&a),
+                )
             };
             if member {
                 let check = (landed.unwrap_or(now) + self.config.detection_bound()).max(now);
