@@ -486,18 +486,11 @@ impl Driver {
     fn check_dead(&mut self, a: SiloAddress) {
         let st = self.world.state();
         let since = st.landed.get(&a).copied().unwrap_or_default();
-        if let Some(&died) = st.deaths.get(&a) {
-            drop(st);
-            self.world.measured(
-                "a crashed member Dead after its last I-am-alive time",
-                died.saturating_sub(since),
-            );
-            return;
-        }
+        let died = st.deaths.get(&a).copied();
         drop(st);
         // A write it sent before crashing may have landed since: the bound counts from it.
         let due = since + self.config.detection_bound();
-        if self.world.now() < due {
+        if died.is_none() && self.world.now() < due {
             self.schedule(due, Due::CheckDead(a));
             return;
         }
@@ -519,8 +512,17 @@ impl Driver {
                     .is_some_and(crate::runtime::health::Fence::should_serve)
             })
             .count() as u32;
-        if steady >= self.config.options.num_votes_for_death_declaration {
-            self.world.violated(
+        if steady < self.config.options.num_votes_for_death_declaration {
+            return;
+        }
+        match died {
+            // The measured bound: crashes with enough steady voters only (the others may take
+            // as long as their voters' troubles last).
+            Some(died) => self.world.measured(
+                "a crashed member Dead after its last I-am-alive time (steady voters)",
+                died.saturating_sub(since),
+            ),
+            None => self.world.violated(
                 Invariant::DeadWithinBound,
                 format!(
                     "{} crashed and is not Dead {:.3}s after the I-am-alive time it last stored, with {steady} steady voters (bound {:?})",
@@ -528,7 +530,7 @@ impl Driver {
                     (self.world.now() - since).as_secs_f64(),
                     self.config.detection_bound()
                 ),
-            );
+            ),
         }
     }
 
