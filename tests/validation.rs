@@ -271,6 +271,9 @@ fn max_defunct_silo_entries_is_a_count_or_off_and_a_negative_one_is_refused_by_n
 /// the service hung at exit).
 #[test]
 fn a_password_fifo_no_one_writes_bounds_connect_and_never_pins_the_runtime() {
+    let _one = FIFO_TESTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = std::env::temp_dir().join(format!("cm-fifo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let fifo = dir.join("password");
@@ -304,6 +307,14 @@ fn a_password_fifo_no_one_writes_bounds_connect_and_never_pins_the_runtime() {
     let (err, answered, dropped) = rx
         .recv_timeout(Duration::from_secs(10))
         .expect("connect (or the runtime's drop) still waiting on the FIFO after 10 s");
+    // The reading thread is still blocked on the FIFO: a write ends it (and its entry).
+    // (O_NONBLOCK: never waits, whether a reader is there or not.)
+    use std::os::unix::fs::OpenOptionsExt;
+    let released = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(0o4000)
+        .open(&fifo);
+    drop(released);
     let _ = std::fs::remove_dir_all(&dir);
     let err = err.expect("connect succeeded with no node");
     assert!(
@@ -317,5 +328,94 @@ fn a_password_fifo_no_one_writes_bounds_connect_and_never_pins_the_runtime() {
     assert!(
         err.contains("password_file") && err.contains("connect_timeout"),
         "{err}"
+    );
+}
+
+/// The FIFO tests count this process's reading threads: one at a time.
+static FIFO_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The threads named `cassandra-membership-password-file` of this process.
+fn password_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .filter(|t| {
+                    t.as_ref().is_ok_and(|t| {
+                        std::fs::read_to_string(t.path().join("comm"))
+                            .is_ok_and(|c| c.starts_with("cassandra-membe"))
+                    })
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// (Found in review.) A host retrying `connect` while the secrets agent is not there yet: each
+/// timed-out attempt left a thread blocked on the FIFO, and when the agent wrote once a stale
+/// thread took the password while the live attempt read an empty file (`InvalidConfiguration`,
+/// which a host does not retry). One read per path is in flight; the live attempt gets it.
+#[test]
+fn connects_retried_on_a_password_fifo_share_one_read_and_the_live_one_gets_the_password() {
+    use std::io::Write;
+    let _one = FIFO_TESTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let before = password_threads();
+    let dir = std::env::temp_dir().join(format!("cm-fifo-retry-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("password");
+    let _ = std::fs::remove_file(&fifo);
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo failed");
+    let options = |timeout: Duration| {
+        let mut o = CassandraClusteringOptions::default()
+            .contact_points(["127.0.0.1:1"])
+            .connect_timeout(timeout);
+        o.service_id = "svc".into();
+        o.cluster_id = "c".into();
+        o.credentials = Some(Credentials::from_file("app", &fifo));
+        o
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let connect = |timeout| {
+        rt.block_on(cassandra_membership::CassandraMembershipTable::connect(
+            options(timeout),
+        ))
+        .err()
+        .expect("connect succeeded with no node")
+    };
+    for _ in 0..5 {
+        let e = connect(Duration::from_millis(200));
+        assert!(e.to_string().contains("connect_timeout"), "{e}");
+    }
+    let readers = password_threads().saturating_sub(before);
+    // The agent arrives and writes the password once, while the next attempt waits.
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            let mut f = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+            f.write_all(b"s3cret-password\n").unwrap();
+        })
+    };
+    let e = connect(Duration::from_secs(3));
+    writer.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        readers <= 1,
+        "{readers} threads blocked on one FIFO after 5 attempts"
+    );
+    let text = e.to_string();
+    assert!(!text.contains("s3cret"), "the password in an error: {text}");
+    // It got the password and went on to the (absent) node.
+    assert!(
+        matches!(e, MembershipError::Unavailable { .. }) && !text.contains("password_file"),
+        "{e:?}"
     );
 }

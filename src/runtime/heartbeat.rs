@@ -104,6 +104,11 @@ impl OwnEntryReport {
         *self.own_row_until.borrow()
     }
 
+    /// A watch that changes whenever a read moves [`OwnEntryReport::own_row_until`] on.
+    pub(crate) fn own_row_moves(&self) -> watch::Receiver<Instant> {
+        self.own_row_until.subscribe()
+    }
+
     /// The detector could not read the own row for too long: the others may have declared this
     /// silo dead unseen, so the host must fence until a read succeeds again.
     /// `cause`: the kind of the detector's last failure.

@@ -174,6 +174,7 @@ impl Silo {
                     let mut read = false;
                     let now = clock.now();
                     let sent = tokio::time::Instant::now();
+                    let counts_rounds = regress::on(Regression::FenceCountsRounds);
                     let round = protocol::detection_round_reporting(
                         table.as_ref(),
                         &address,
@@ -186,6 +187,20 @@ impl Silo {
                             // An older version only after the cluster was deleted and
                             // created again: the kept view is marked stale.
                             let _ = views.read(snapshot, read_at);
+                            // Every read of the round that holds the own row vouches for it from
+                            // when it was sent (the re-reads before votes too: a long round
+                            // must not fence a silo its own reads show live), or ends it.
+                            let own = snapshot
+                                .get(&address)
+                                .filter(|r| r.entry.start_time == start_time)
+                                .map(|r| r.entry.status);
+                            if own.is_some() && !counts_rounds {
+                                let offset = Duration::from_millis(
+                                    u64::try_from(read_at.as_millis() - now.as_millis())
+                                        .unwrap_or(0),
+                                );
+                                report.own_entry(own, protocol::instant_after(sent, offset));
+                            }
                         },
                     );
                     // The own row unread for a detection horizon: this silo cannot know it is
@@ -195,9 +210,9 @@ impl Silo {
                     // The round goes on past that instant: its read may still answer. The
                     // deadline is read again whenever the timer fires, since this round's own
                     // first read may have moved it on meanwhile.
-                    let counts_rounds = regress::on(Regression::FenceCountsRounds);
                     let round = {
                         let mut round = pin!(round);
+                        let mut moved = report.own_row_moves();
                         loop {
                             let unread_at = report.own_row_until();
                             let armed = !counts_rounds && tokio::time::Instant::now() < unread_at;
@@ -209,11 +224,22 @@ impl Silo {
                                         report.own_entry_unknown(last_cause);
                                     }
                                 }
+                                // A read moved the deadline on: armed again for the new one.
+                                _ = moved.changed(), if !counts_rounds => {}
                             }
                         }
                     };
                     match round {
-                        Ok(_) => failed_rounds = 0,
+                        Ok(_) => {
+                            failed_rounds = 0;
+                            last_cause = crate::FailureCause::Outage;
+                            // A round that ended past the deadline its reads left.
+                            if !counts_rounds
+                                && tokio::time::Instant::now() >= report.own_row_until()
+                            {
+                                report.own_entry_unknown(last_cause);
+                            }
+                        }
                         Err(e) => {
                             if !read {
                                 views.failed(&e, clock.now());

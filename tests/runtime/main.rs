@@ -11,5 +11,6 @@ mod detection;
 mod fencing;
 mod join;
 mod leave;
+mod own_row;
 mod view;
 mod watcher;

@@ -4,11 +4,22 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use std::collections::BTreeMap;
+use std::sync::{Mutex, PoisonError};
+
 use secrecy::{ExposeSecret, SecretString};
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 
 use crate::error::{MembershipError, Result};
+
+/// A password file's content, or why it could not be read (the option and the reason).
+type FileRead = std::result::Result<SecretString, (String, String)>;
+
+/// The password files being read now, one read per path ([`Credentials::password_until`]).
+static READS: Mutex<BTreeMap<PathBuf, watch::Receiver<Option<FileRead>>>> =
+    Mutex::new(BTreeMap::new());
 
 /// A role name and its password, given inline or read by `connect` from an environment
 /// variable or a file: exactly one of `password`, `password_env` and `password_file` is set.
@@ -110,10 +121,12 @@ impl Credentials {
     }
 
     /// The password, by `deadline`. A `password_file` is read on a thread of its own, not the
-    /// runtime's: a slow mount or a FIFO a secrets agent has not filled yet must neither stall other
-    /// tasks nor keep the runtime from dropping once the host gave up (a runtime's drop waits for its
-    /// `spawn_blocking` tasks; a detached thread it does not). Past the deadline the thread is left
-    /// blocked on the file: it ends when the file answers, or with the process.
+    /// runtime's: a slow mount or a FIFO a secrets agent has not filled yet must neither stall
+    /// other tasks nor keep the runtime from dropping once the host gave up (a runtime's drop
+    /// waits for its `spawn_blocking` tasks; a detached thread it does not). One read per path is
+    /// in flight in the process: a connect that gave up leaves it for the next connect to wait on
+    /// — not a thread per attempt, each blocked on the same FIFO, the agent's one write going to
+    /// whichever opened first while the live attempt reads an empty file.
     pub(crate) async fn password_until(
         &self,
         deadline: tokio::time::Instant,
@@ -122,19 +135,16 @@ impl Credentials {
         let Some(path) = self.password_file.clone() else {
             return self.password();
         };
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let source = self.clone();
-        std::thread::Builder::new()
-            .name("cassandra-membership-password-file".into())
-            .spawn(move || {
-                let _ = tx.send(source.password());
-            })
-            .map_err(|e| MembershipError::Unavailable {
-                operation: "connect",
-                source: format!("no thread to read credentials.password_file: {e}").into(),
-            })?;
-        match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(password)) => password,
+        let mut read = self.read_in_flight(&path)?;
+        match tokio::time::timeout_at(deadline, read.wait_for(Option::is_some)).await {
+            Ok(Ok(answer)) => match answer.as_ref() {
+                Some(Ok(password)) => Ok(password.clone()),
+                Some(Err((option, reason))) => Err(MembershipError::config(option, reason.clone())),
+                None => Err(MembershipError::config(
+                    "credentials.password_file",
+                    "its reading thread ended without an answer",
+                )),
+            },
             Ok(Err(_)) => Err(MembershipError::config(
                 "credentials.password_file",
                 "its reading thread ended without an answer",
@@ -149,6 +159,36 @@ impl Credentials {
                 .into(),
             }),
         }
+    }
+
+    /// The read of `path` in flight, or a new one on a thread of its own.
+    fn read_in_flight(&self, path: &Path) -> Result<watch::Receiver<Option<FileRead>>> {
+        let mut reads = READS.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(read) = reads.get(path) {
+            return Ok(read.clone());
+        }
+        let (tx, rx) = watch::channel(None);
+        let (source, key, mine) = (self.clone(), path.to_path_buf(), rx.clone());
+        std::thread::Builder::new()
+            .name("cassandra-membership-password-file".into())
+            .spawn(move || {
+                let read = source.password().map_err(|e| match e {
+                    MembershipError::InvalidConfiguration { option, reason } => (option, reason),
+                    other => ("credentials.password_file".to_owned(), other.to_string()),
+                });
+                tx.send_replace(Some(read));
+                // The next connect reads the file afresh.
+                let mut reads = READS.lock().unwrap_or_else(PoisonError::into_inner);
+                if reads.get(&key).is_some_and(|r| r.same_channel(&mine)) {
+                    reads.remove(&key);
+                }
+            })
+            .map_err(|e| MembershipError::Unavailable {
+                operation: "connect",
+                source: format!("no thread to read credentials.password_file: {e}").into(),
+            })?;
+        reads.insert(path.to_path_buf(), rx.clone());
+        Ok(rx)
     }
 
     /// The password, read from where the options say. An unset, empty or non-Unicode variable,
