@@ -138,8 +138,10 @@ pub struct ClusterMigration {
     pub service_id: String,
     /// The cluster id.
     pub cluster_id: String,
-    /// Entries written (or, in a dry run, to write); 0 for a cluster left as the target holds
-    /// it ([`Verification::TargetMovedOn`], [`Verification::SourceChanged`]).
+    /// Entries written (or, in a dry run, to write); 0 for a refused run and for a cluster left
+    /// as the target holds it ([`Verification::TargetMovedOn`], [`Verification::SourceChanged`]).
+    /// A dry run does not read the target: its count is what the source holds to copy, even for
+    /// a cluster the real run would then leave as the target holds it.
     pub entries_copied: usize,
     /// Heartbeat cells written (or to write); 0 for a cluster left as it is, like
     /// `entries_copied`.
@@ -304,6 +306,12 @@ impl CassandraMembershipTable {
         if report.refused || plan.dry_run {
             if report.refused {
                 warn!("a cluster was active within the quiet window: nothing copied");
+                if !plan.dry_run {
+                    report
+                        .clusters
+                        .iter_mut()
+                        .for_each(ClusterMigration::nothing_written);
+                }
             }
             return Ok(report);
         }

@@ -536,4 +536,6 @@ async fn the_default_quiet_window_covers_the_detection_horizon() {
     println!("{report:?}");
     assert!(report.refused, "{report:?}");
     assert!(report.clusters[0].recent_activity);
+    // A refused run wrote nothing: it counts nothing as copied (found in review).
+    assert_eq!(copied(&report, &cluster), (0, 0), "{report:?}");
 }
