@@ -387,8 +387,7 @@ fn connects_retried_on_a_password_fifo_share_one_read_and_the_live_one_gets_the_
         rt.block_on(cassandra_membership::CassandraMembershipTable::connect(
             options(timeout),
         ))
-        .err()
-        .expect("connect succeeded with no node")
+        .expect_err("connect succeeded with no node")
     };
     for _ in 0..5 {
         let e = connect(Duration::from_millis(200));
