@@ -286,6 +286,19 @@ impl Driver {
             self.world.state().cut.insert(a);
             self.world.state().disturbed.insert(a, now);
             self.schedule(now + d, Due::Heal(a));
+            // Cut off past its detection bound: the others must declare it dead by then.
+            let (landed, member) = {
+                let st = self.world.state();
+                let alive = !st.deaths.contains_key(&a);
+                (
+                    st.landed.get(&a).copied(),
+                    alive && st.joined.contains_key(&a),
+                )
+            };
+            let due = landed.unwrap_or(now) + self.config.detection_bound();
+            if member && now + d > due {
+                self.schedule(due.max(now), Due::CheckDead(a));
+            }
         } else if roll < 0.85 {
             let d = self.random(period / 10, period * 2);
             self.world
@@ -296,7 +309,16 @@ impl Driver {
             drop(st);
             self.schedule(now + d, Due::StormEnds);
         } else if roll < 0.9 {
-            let Some(a) = self.pick(&running) else { return };
+            // A member not already Dead (else its death by votes would read as the operator's).
+            let alive: Vec<SiloAddress> = {
+                let st = self.world.state();
+                running
+                    .iter()
+                    .copied()
+                    .filter(|a| !st.deaths.contains_key(a))
+                    .collect()
+            };
+            let Some(a) = self.pick(&alive) else { return };
             self.operator_declares_dead(a);
         }
         // Otherwise a quiet spell.
@@ -481,9 +503,15 @@ impl Driver {
         });
     }
 
-    /// [`Invariant::DeadWithinBound`] for a crashed silo, at its bound: Dead, unless fewer than
-    /// the votes needed were steady voters (serving, undisturbed) since its last I-am-alive time.
+    /// [`Invariant::DeadWithinBound`] for a crashed silo or one still cut off from storage, at its
+    /// bound: Dead, unless fewer than the votes needed were steady voters (serving, undisturbed)
+    /// since its last I-am-alive time.
     fn check_dead(&mut self, a: SiloAddress) {
+        // Only while it stays silent: crashed, or still cut off from storage.
+        let crashed = self.incarnation_ref(&a).is_none_or(|i| i.crashed);
+        if !crashed && !self.world.state().cut.contains(&a) {
+            return;
+        }
         let st = self.world.state();
         let since = st.landed.get(&a).copied().unwrap_or_default();
         let died = st.deaths.get(&a).copied();
@@ -519,7 +547,7 @@ impl Driver {
             // The measured bound: crashes with enough steady voters only (the others may take
             // as long as their voters' troubles last).
             Some(died) => self.world.measured(
-                "a crashed member Dead after its last I-am-alive time (steady voters)",
+                "a crashed or cut-off member Dead after its last I-am-alive time (steady voters)",
                 died.saturating_sub(since),
             ),
             None => self.world.violated(

@@ -141,8 +141,10 @@ pub enum Invariant {
     /// `num_votes_for_death_declaration` votes by distinct voters that have a row, not Dead, at
     /// the version the death is written on, each younger than the vote lifetime.
     DeathOnCountedVotes,
-    /// docs::fencing: every crashed silo is declared Dead within [`SimConfig::detection_bound`]
-    /// when enough live voters remain (checked over the fault-free tail).
+    /// docs::fencing: every crashed member, and every member cut off from storage for longer, is
+    /// declared Dead within [`SimConfig::detection_bound`] when enough steady voters remain
+    /// (serving, with no failed, hung or slow call, pause, cut or storm since its last
+    /// I-am-alive time); checked at each one's due time, and for crashes again at the end.
     DeadWithinBound,
     /// `Silo::view`: views never go back, and each shows one committed version as committed.
     ViewsMonotonic,
