@@ -74,6 +74,27 @@ impl From<Defect> for Regression {
     }
 }
 
+/// The flags besides the seed that fix a history (for the rerun hint).
+fn same_history(args: &Args) -> String {
+    let mut flags = format!("--profile {:?} --silos {}", args.profile, args.silos).to_lowercase();
+    if let Some(d) = args.duration {
+        flags.push_str(&format!(" --duration {}", humantime::format_duration(d)));
+    }
+    if let Some(r) = args.regression {
+        let name = format!("{r:?}");
+        let kebab: String = name
+            .chars()
+            .enumerate()
+            .flat_map(|(i, c)| {
+                let dash = (i > 0 && c.is_uppercase()).then_some('-');
+                dash.into_iter().chain(c.to_lowercase())
+            })
+            .collect();
+        flags.push_str(&format!(" --regression {kebab}"));
+    }
+    flags
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let silos = args.silos as usize;
@@ -94,7 +115,12 @@ fn main() -> ExitCode {
     for seed in seeds.clone() {
         let report = run(seed, &config);
         if args.log {
-            report.log.iter().for_each(|l| println!("{l}"));
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            // A closed pipe (`| head`) ends the printing, not with a panic.
+            if report.log.iter().any(|l| writeln!(out, "{l}").is_err()) {
+                return ExitCode::SUCCESS;
+            }
         }
         hours += report.silo_hours;
         for (k, v) in &report.worst {
@@ -104,14 +130,15 @@ fn main() -> ExitCode {
         if !report.violations.is_empty() {
             eprint!("{}", report.explain());
             eprintln!(
-                "first failing seed: {seed} (after {} seeds); rerun: --seed {seed} --log",
-                seed - seeds.start + 1
+                "first failing seed: {seed} (after {} seed(s)); rerun: cargo run --release --features conformance --example simulate -- {} --seed {seed} --log",
+                seed - seeds.start + 1,
+                same_history(&args)
             );
             return ExitCode::FAILURE;
         }
     }
     println!(
-        "{} seeds green: {hours:.1} simulated silo-hours in {:.1} s",
+        "{} seed(s) green: {hours:.1} simulated silo-hours in {:.1} s",
         seeds.end - seeds.start,
         started.elapsed().as_secs_f64()
     );

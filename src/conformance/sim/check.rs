@@ -69,10 +69,16 @@ pub(super) fn landed(
                 }
             })
             .collect();
+        let by = if world.state().by_operator.contains(&writer)
+            && after.get(&writer).map(|r| r.entry.status) == Some(SiloStatus::Dead)
+        {
+            "an operator".to_owned()
+        } else {
+            name(&writer)
+        };
         world.log(format_args!(
-            "v{} by {}: {}",
+            "v{} by {by}: {}",
             after.version.version,
-            name(&writer),
             changes.join(", ")
         ));
         world
@@ -120,7 +126,6 @@ fn silence(world: &World, dead: &SiloAddress, now: Duration) {
         return;
     };
     let silent = now.saturating_sub(last);
-    world.measured("dead after the last heartbeat", silent);
     if silent + world.skew_bound * 2 < horizon {
         world.violated(
             Invariant::NoLiveSiloDeclaredDead,

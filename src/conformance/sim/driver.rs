@@ -76,8 +76,14 @@ pub(super) async fn simulate(seed: u64, config: SimConfig) -> SimReport {
     };
     let blind = d.chance(0.5);
     world.state().blind_heartbeats = blind;
+    let o = &d.config.options;
     world.log(format_args!(
-        "heartbeats {} the entry's status",
+        "seed {seed}: {} silos, {:?} publish period, {:?} horizon, {:?} of history, skew up to {:?}, heartbeats {} the entry's status",
+        d.slots.len(),
+        o.i_am_alive_table_publish_timeout,
+        o.detection_horizon(),
+        d.config.duration,
+        d.config.skew,
         if blind { "do not check" } else { "check" }
     ));
     let checker = tokio::spawn(check_fences(Arc::clone(&world)));
@@ -85,6 +91,11 @@ pub(super) async fn simulate(seed: u64, config: SimConfig) -> SimReport {
     // A third of the histories start cold: every silo at once (a rollout, a cluster's first
     // start), so their periodic rounds begin in step.
     let cold = d.chance(0.34);
+    world.log(if cold {
+        "cold start: every silo at once"
+    } else {
+        "staggered start: each silo within the first period"
+    });
     for slot in 0..d.slots.len() {
         let at = if cold {
             Duration::ZERO
@@ -636,7 +647,12 @@ async fn host(
                 changed = health.changed() => {
                     if changed.is_err() { return; }
                     let h = health.borrow_and_update().clone();
-                    world.log(format_args!("{} health {} {h:?}", name(&address), health_name(&h)));
+                    let cause = match &h {
+                        SiloHealth::Failing { cause, .. } => format!(" ({cause:?})"),
+                        SiloHealth::LeaseAtRisk { cause: Some(cause), .. } => format!(" ({cause:?})"),
+                        _ => String::new(),
+                    };
+                    world.log(format_args!("{} health {}{cause}", name(&address), health_name(&h)));
                 }
                 changed = views.changed() => {
                     if changed.is_err() { return; }

@@ -208,7 +208,11 @@ impl SimReport {
                 .filter(|w| w.starts_with('s') && w.contains('#'))
                 .map(|w| w.trim_matches(|c: char| !c.is_alphanumeric() && c != '#'))
                 .collect();
-            let _ = writeln!(out, "the events of {names:?} up to the first violation:");
+            let _ = writeln!(
+                out,
+                "the events of {} up to the first violation:",
+                names.join(", ")
+            );
             let upto = format!("{:>10.3}", first.at.as_secs_f64());
             for line in self
                 .log
