@@ -267,7 +267,7 @@ fn max_defunct_silo_entries_is_a_count_or_off_and_a_negative_one_is_refused_by_n
 
 /// A `password_file` that is a FIFO no one writes (a secrets agent not there yet): `connect`
 /// answers within `connect_timeout`, and the runtime it ran on drops at once — the read must not
-/// sit in the runtime's blocking pool, which a runtime's drop waits for (issue 48: the CLI and
+/// sit in the runtime's blocking pool, which a runtime's drop waits for (the CLI and
 /// the service hung at exit).
 #[test]
 fn a_password_fifo_no_one_writes_bounds_connect_and_never_pins_the_runtime() {
@@ -350,7 +350,7 @@ fn password_threads() -> usize {
         .unwrap_or(0)
 }
 
-/// (Found in review.) A host retrying `connect` while the secrets agent is not there yet: each
+/// A host retrying `connect` while the secrets agent is not there yet: each
 /// timed-out attempt left a thread blocked on the FIFO, and when the agent wrote once a stale
 /// thread took the password while the live attempt read an empty file (`InvalidConfiguration`,
 /// which a host does not retry). One read per path is in flight; the live attempt gets it.

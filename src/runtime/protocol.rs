@@ -461,7 +461,7 @@ pub(crate) async fn detection_round_reporting(
         // A vote that loses its race (another detector's write moved the version between our
         // re-read and our write) is tried again on a fresh read, up to `VOTE_ATTEMPTS` writes:
         // with one attempt a round, two detectors whose rounds coincide every period starved
-        // each other's second vote for good (the simulation, seed 103711).
+        // each other's second vote for good.
         let attempts = if regress::on(Regression::OneVoteAttemptARound) {
             1
         } else {

@@ -277,7 +277,7 @@ async fn a_run_again_after_the_source_changed_is_not_verified() {
             "{run} run: {again:?}"
         );
         assert_eq!(target_holds(&session, &target, &cluster).await, (3, 3));
-        // Nothing was written: the report counts nothing as copied (issue 48).
+        // Nothing was written: the report counts nothing as copied.
         assert_eq!(copied(&again, &cluster), (0, 0), "{run} run: {again:?}");
     }
 }
@@ -536,6 +536,6 @@ async fn the_default_quiet_window_covers_the_detection_horizon() {
     println!("{report:?}");
     assert!(report.refused, "{report:?}");
     assert!(report.clusters[0].recent_activity);
-    // A refused run wrote nothing: it counts nothing as copied (found in review).
+    // A refused run wrote nothing: it counts nothing as copied.
     assert_eq!(copied(&report, &cluster), (0, 0), "{report:?}");
 }

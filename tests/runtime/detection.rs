@@ -371,7 +371,7 @@ async fn a_voter_declared_dead_earlier_in_the_same_round_does_not_count() {
     assert_eq!(row.entry.status, SiloStatus::Active);
 }
 
-/// Two live detectors' rounds overlap (issue 47): silos 2 and 3 are silent, each holding a fresh
+/// Two live detectors' rounds overlap: silos 2 and 3 are silent, each holding a fresh
 /// vote from the other. Silo 1's round reads the table, and while it re-reads before voting on 2,
 /// silo 4's round declares 2 Dead. Silo 1 then skips 2 (its tag moved) and must not count 2's
 /// vote against 3: the voters are judged on the re-read the vote is written on (which shows 2
@@ -436,7 +436,7 @@ async fn voters_are_judged_on_the_re_read_the_vote_is_written_on_not_the_round_s
     assert_eq!(voters(&row), vec![one], "2's vote dropped, silo 1's added");
 }
 
-/// Two live detectors whose rounds coincide every period (found by the simulation, seed 103711 at
+/// Two live detectors whose rounds coincide every period (as the simulation once ran them at
 /// the default periods: a crashed silo stayed Active for 390 s with two live voters): each round
 /// both read, the other's vote lands first, and ours loses the race on the moved version — one
 /// attempt per round, so the second vote never landed. A vote that loses its race is retried

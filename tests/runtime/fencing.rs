@@ -242,7 +242,7 @@ async fn a_silo_whose_detector_cannot_read_is_fenced_after_the_missed_limit_of_r
 /// docs::fencing: a silo that cannot read its own row stops serving once the row is unread for
 /// `num_missed_table_i_am_alive_limit` periods (3 × 10 s here), however long each failed read
 /// hangs — the bound follows the monotonic time since the last successful read, not a count of
-/// rounds (issue 47: with reads hanging a round is a period plus a call, and three rounds took
+/// rounds (with reads hanging a round is a period plus a call, and three rounds took
 /// 59 s for a 30 s promise). Its heartbeats land meanwhile; an operator declared it Dead.
 #[tokio::test(start_paused = true)]
 async fn a_silo_whose_reads_hang_stops_serving_within_the_missed_limit_of_periods_since_its_last_read()
@@ -507,7 +507,7 @@ async fn the_health_and_the_heartbeat_warning_carry_the_failure_s_cause() {
     assert!(warning.contains(cause), "{warning}");
 }
 
-/// (Found in review.) The detector armed its own-row timer from `own_row_until` as it was when the round began. A
+/// The detector once armed its own-row timer from `own_row_until` as it was when the round began. A
 /// round whose first read shows the own row live (moving the deadline on, clearing `unknown`) but
 /// whose votes are slow still fires the old timer and fences the silo until the next round's
 /// first read. Every read here answers at once; vote writes take 8 s (under the 10 s timeout).
@@ -547,7 +547,7 @@ async fn a_round_with_slow_votes_does_not_fence_a_silo_whose_own_row_it_just_rea
     silo.crash();
 }
 
-/// (Found in review.) docs::fencing: "a silo whose heartbeats get through while the detector's reads keep failing
+/// docs::fencing: "a silo whose heartbeats get through while the detector's reads keep failing
 /// stays fenced (`LeaseAtRisk`)". With reads hanging, a round that starts after the own-row
 /// deadline arms no timer (`told` is already true) and reports nothing until it fails a call
 /// timeout later: meanwhile the health watch says Healthy while `should_serve()` is false.

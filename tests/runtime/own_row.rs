@@ -1,4 +1,4 @@
-//! The own-row fence under long detection rounds (found in review): every read that shows the
+//! The own-row fence under long detection rounds: every read that shows the
 //! own row live vouches for it (docs::fencing), the re-reads before votes too, and the health says
 //! `LeaseAtRisk` whenever the fence refuses for an unread row.
 
